@@ -1,0 +1,1 @@
+"""int4 matmul kernels for the GPTQ packed layout: torch reference, CPU path, Triton."""

@@ -1,0 +1,50 @@
+"""`qcal` command line: parse arguments, build configs, call the library; no logic here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from qcal.errors import QcalError
+
+COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qcal", description="Calibration-aware post-training quantization for HF causal LMs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"qcal.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"qcal.commands.{name}":
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # The Hub is unreachable here by design: fail fast instead of retrying downloads.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except QcalError as err:
+        print(f"qcal {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"qcal {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""CLI subcommands: each module exposes `add_parser(subparsers)`; handlers call the library."""

@@ -1,0 +1,70 @@
+"""`qcal quantize`: RTN / GPTQ / AWQ into a GPTQ-layout checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from qcal.config import AWQConfig, GPTQConfig, QuantScheme, RTNConfig
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("quantize", help="quantize a HF model into a GPTQ-layout checkpoint")
+    p.add_argument("--model", default=None, help="local HF model dir (default: embedded model)")
+    p.add_argument("--method", default="rtn", help="rtn, gptq or awq")
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=128, help="-1 for per-channel")
+    p.add_argument("--sym", action="store_true", help="symmetric grid (default asymmetric)")
+    p.add_argument("--strict-groups", action="store_true",
+                   help="refuse group sizes that do not divide in_features (no ragged last group)")
+    p.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
+    p.add_argument("--static-groups", action="store_true", help="GPTQ: precompute group grids")
+    p.add_argument("--damp", type=float, default=0.01, help="GPTQ damp_percent")
+    p.add_argument("--mse-clip", action="store_true", help="GPTQ: MSE clip search on the grid")
+    p.add_argument("--no-clip", action="store_true", help="AWQ: skip the clip search")
+    p.add_argument("--calib", default="debian-handbook",
+                   help="calibration set dir, packaged corpus name, text/JSONL file or hf:<name>")
+    p.add_argument("--selector", default="random", help="selector when --calib is a source")
+    p.add_argument("--nsamples", type=int, default=128)
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--resume", action="store_true", help="continue after the last finished layer")
+    p.add_argument("-o", "--output", type=Path, default=None, help="checkpoint directory")
+    p.set_defaults(handler=run)
+
+
+def make_config(args: argparse.Namespace) -> Any:
+    scheme = QuantScheme(bits=args.bits, group_size=args.group_size, sym=args.sym,
+                         strict_groups=args.strict_groups)
+    if args.method == "gptq":
+        return GPTQConfig(scheme=scheme, damp_percent=args.damp, desc_act=args.desc_act,
+                          static_groups=args.static_groups, mse_clip=args.mse_clip)
+    if args.method == "awq":
+        return AWQConfig(scheme=scheme, clip_search=not args.no_clip)
+    return RTNConfig(scheme=scheme)
+
+
+def run(args: argparse.Namespace) -> int:
+    from qcal.model.loading import load_tokenizer, resolve_model_dir
+    from qcal.pipeline import default_output_dir, quantize_model_dir
+    from qcal.quant.methods import METHODS, RunOptions
+
+    method = METHODS.get(args.method)
+    config = make_config(args)
+    out = args.output or default_output_dir(args.model, args.method, config.scheme)
+    calib_ids, manifest = None, None
+    if method.needs_calibration:
+        from qcal.calib import resolve_calib
+
+        tokenizer = load_tokenizer(resolve_model_dir(args.model))
+        calib = resolve_calib(args.calib, tokenizer, nsamples=args.nsamples, seqlen=args.seqlen,
+                              seed=args.seed, selector=args.selector)
+        calib_ids, manifest = calib.input_ids, calib.manifest
+    opts = RunOptions(device=args.device, work_dir=Path(str(out) + ".work"), resume=args.resume)
+    log = quantize_model_dir(args.model, args.method, config, out, calib_ids, manifest, opts)
+    print(json.dumps({"output": str(out), "method": args.method,
+                      "quantize_seconds": log["quantize_seconds"]}, indent=2))
+    return 0

@@ -1,0 +1,151 @@
+"""Frozen configuration dataclasses with a JSON round trip.
+
+Configs carry no behaviour: the CLI builds them, the library consumes them, and
+every saved artifact stores the config that produced it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, TypeVar
+
+from qcal.errors import ConfigError
+
+C = TypeVar("C")
+
+SUPPORTED_BITS = (2, 3, 4, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantScheme:
+    """The integer grid: bit width, group size along in_features (-1 = per channel), symmetry.
+
+    When the group size does not divide in_features (SmolLM2's 576, say), the last
+    group is smaller ("ragged"), as the GPTQ layout allows through g_idx and as
+    AutoGPTQ/GPTQModel's torch kernels accept. `strict_groups` turns that case into
+    an error instead, for targets whose kernels need whole groups (vLLM's Marlin).
+    """
+
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = False
+    strict_groups: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits not in SUPPORTED_BITS:
+            raise ConfigError(f"bits={self.bits} is not supported; choose one of {SUPPORTED_BITS}")
+        if self.group_size != -1 and self.group_size <= 0:
+            raise ConfigError(
+                f"group_size={self.group_size} is invalid; use -1 (per channel) or a positive size"
+            )
+
+    @property
+    def maxq(self) -> int:
+        return 2**self.bits - 1
+
+    def groups_for(self, in_features: int, name: str = "layer") -> int:
+        """Number of groups along in_features; raises ConfigError for an unusable group size."""
+        if self.group_size == -1:
+            return 1
+        if self.group_size > in_features:
+            raise ConfigError(
+                f"group_size={self.group_size} exceeds in_features={in_features} of {name}; "
+                "use a smaller group size or -1 (per channel)"
+            )
+        if in_features % self.group_size:
+            if self.strict_groups:
+                divisors = [g for g in (32, 64, 128, 256) if in_features % g == 0]
+                hint = f"use one of {divisors} or -1" if divisors else "use -1 (per channel)"
+                raise ConfigError(
+                    f"group_size={self.group_size} does not divide in_features={in_features} "
+                    f"of {name}; {hint}, or drop --strict-groups to allow a smaller last group"
+                )
+            return -(-in_features // self.group_size)
+        return in_features // self.group_size
+
+    def effective_group(self, in_features: int) -> int:
+        return in_features if self.group_size == -1 else self.group_size
+
+
+@dataclasses.dataclass(frozen=True)
+class RTNConfig:
+    """Round-to-nearest: per-group min/max grid, no calibration data."""
+
+    scheme: QuantScheme = QuantScheme()
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTQConfig:
+    scheme: QuantScheme = QuantScheme()
+    damp_percent: float = 0.01
+    block_size: int = 128
+    desc_act: bool = False
+    static_groups: bool = False
+    true_sequential: bool = True
+    mse_clip: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.damp_percent < 1:
+            raise ConfigError(f"damp_percent={self.damp_percent} must lie in (0, 1); try 0.01")
+        if self.block_size <= 0:
+            raise ConfigError(f"block_size={self.block_size} must be positive; try 128")
+
+
+@dataclasses.dataclass(frozen=True)
+class AWQConfig:
+    scheme: QuantScheme = QuantScheme()
+    grid_points: int = 20
+    duo_scaling: bool = False
+    clip_search: bool = True
+    clip_grid: int = 20
+    max_shrink: float = 0.5
+    clip_tokens: int = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibConfig:
+    selector: str = "random"
+    source: str = "debian-handbook"
+    nsamples: int = 128
+    seqlen: int = 512
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    seqlen: int = 512
+    stride: int | None = None
+    batch_size: int = 4
+    max_windows: int | None = None
+    langs: tuple[str, ...] = ()
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_json(cfg: Any) -> str:
+    return json.dumps({"type": type(cfg).__name__, **to_dict(cfg)}, indent=2, sort_keys=True)
+
+
+def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+    """Rebuild a (possibly nested) config dataclass; unknown keys are an error."""
+    data = {k: v for k, v in data.items() if k != "type"}
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        ftype = fields[name].type
+        if isinstance(value, dict) and (ftype == "QuantScheme" or ftype is QuantScheme):
+            value = from_dict(QuantScheme, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def from_json(cls: type[C], text: str) -> C:
+    return from_dict(cls, json.loads(text))

@@ -1,0 +1,1 @@
+"""Evaluation: perplexity, lm-eval downstream accuracy, confidence calibration and drift."""

@@ -1,0 +1,120 @@
+"""Perplexity over fixed-length windows (paper convention) or a strided sliding window.
+
+Fixed mode: the text is tokenized once, cut into non-overlapping windows of
+`seqlen` tokens (the tail is dropped), and PPL = exp(total NLL / predicted tokens).
+Strided mode: windows of `seqlen` advance by `stride`, and each window scores only
+tokens not scored before, so every token gets up to `seqlen - stride` of context.
+Strided numbers are lower and not comparable with fixed-window ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from qcal.errors import ConfigError
+
+
+@dataclasses.dataclass
+class PerplexityResult:
+    ppl: float
+    nll_sum: float
+    tokens: int
+    windows: int
+    seqlen: int
+    mode: str
+    token_nll: torch.Tensor  # float32 [tokens] in scoring order, for per-sample comparisons
+
+    def summary(self) -> dict[str, Any]:
+        return {"ppl": self.ppl, "nll": self.nll_sum / max(self.tokens, 1),
+                "tokens": self.tokens, "windows": self.windows, "seqlen": self.seqlen,
+                "mode": self.mode}
+
+
+def tokenize_text(tokenizer: Any, text: str) -> torch.Tensor:
+    if not text or not text.strip():
+        raise ConfigError("the evaluation text is empty; check the corpus or --text file")
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    return ids.to(torch.long)
+
+
+def _windows(n_tokens: int, seqlen: int, stride: int | None) -> list[tuple[int, int, int]]:
+    """(start, end, first scored position within window) for each window."""
+    if stride is None:
+        return [(s, s + seqlen, 1) for s in range(0, n_tokens - seqlen + 1, seqlen)]
+    if not 0 < stride <= seqlen:
+        raise ConfigError(f"stride={stride} must lie in (0, seqlen={seqlen}]")
+    spans, scored_until = [], 0
+    for start in range(0, max(n_tokens - 1, 1), stride):
+        end = min(start + seqlen, n_tokens)
+        first = max(scored_until - start, 1)
+        if end - start > first:
+            spans.append((start, end, first))
+        scored_until = end
+        if end == n_tokens:
+            break
+    return spans
+
+
+@torch.no_grad()
+def window_nll(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Per-token NLL [B, L-1] of predicting batch[:, 1:] from the prefix."""
+    logits = model(input_ids=batch).logits.float()
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="none"
+    ).view(batch.shape[0], -1)
+
+
+def perplexity_of_ids(
+    model: nn.Module, ids: torch.Tensor, seqlen: int = 512, stride: int | None = None,
+    batch_size: int = 4, max_windows: int | None = None, progress: bool = True,
+    desc: str = "ppl",
+) -> PerplexityResult:
+    spans = _windows(ids.numel(), seqlen, stride)
+    if max_windows is not None:
+        spans = spans[:max_windows]
+    if not spans:
+        raise ConfigError(
+            f"the text has {ids.numel()} tokens, fewer than one window of seqlen={seqlen}; "
+            "use a longer text or a smaller --seqlen"
+        )
+    device = next(model.parameters()).device
+    pieces: list[torch.Tensor] = []
+    # Same-length windows batch together; strided tails differ, so group by length.
+    bar = tqdm(total=len(spans), desc=desc, disable=not progress, leave=False)
+    i = 0
+    while i < len(spans):
+        length = spans[i][1] - spans[i][0]
+        j = i
+        while j < len(spans) and j - i < batch_size and spans[j][1] - spans[j][0] == length:
+            j += 1
+        batch = torch.stack([ids[s:e] for s, e, _ in spans[i:j]]).to(device)
+        nll = window_nll(model, batch).cpu()
+        for row, (_, _, first) in enumerate(spans[i:j]):
+            pieces.append(nll[row, first - 1:])
+        bar.update(j - i)
+        i = j
+    bar.close()
+    token_nll = torch.cat(pieces)
+    total = float(token_nll.double().sum())
+    return PerplexityResult(
+        ppl=math.exp(total / token_nll.numel()), nll_sum=total, tokens=token_nll.numel(),
+        windows=len(spans), seqlen=seqlen, mode="fixed" if stride is None else f"stride{stride}",
+        token_nll=token_nll,
+    )
+
+
+def perplexity(
+    model: nn.Module, tokenizer: Any, text: str, seqlen: int = 512, stride: int | None = None,
+    batch_size: int = 4, max_windows: int | None = None, progress: bool = True,
+    desc: str = "ppl",
+) -> PerplexityResult:
+    """Perplexity of `model` on `text` (see module docstring for the two modes)."""
+    ids = tokenize_text(tokenizer, text)
+    return perplexity_of_ids(model, ids, seqlen, stride, batch_size, max_windows, progress, desc)

@@ -1,0 +1,1 @@
+"""Model plumbing: architecture specs, loading, capture hooks, the layer-wise driver."""

@@ -1,0 +1,87 @@
+"""Architectures described as data.
+
+An `ArchSpec` says where the decoder layers live, which linears GPTQ quantizes
+together and in which (true-sequential) order, and which op/linear pairs AWQ
+may rescale. Specs are keyed by the HF class name; unknown classes fall back to
+the Llama-like default, which covers Llama, Mistral, Qwen2/3 and SmolLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from qcal.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleGroup:
+    """AWQ: `prev_op`'s output feeds `linears`; scales fold into `prev_op`.
+
+    `block` names the module whose output error scores a scale (the attention or
+    MLP block), so the search sees what the scale does downstream.
+    """
+
+    prev_op: str
+    linears: tuple[str, ...]
+    block: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    layers_path: str = "model.layers"
+    # Quantized together and in this order (true-sequential): each step sees
+    # inputs produced by the already-quantized earlier steps.
+    sequential: tuple[tuple[str, ...], ...] = (
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        ("self_attn.o_proj",),
+        ("mlp.gate_proj", "mlp.up_proj"),
+        ("mlp.down_proj",),
+    )
+    scale_groups: tuple[ScaleGroup, ...] = (
+        ScaleGroup(
+            "input_layernorm",
+            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "self_attn",
+        ),
+        ScaleGroup("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj"),
+        ScaleGroup("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
+        ScaleGroup("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj"),
+    )
+    # Norms whose weight multiplies as (1 + w) (Gemma) cannot absorb a scale by plain division.
+    norm_offset: float = 0.0
+
+    @property
+    def linear_names(self) -> tuple[str, ...]:
+        return tuple(name for step in self.sequential for name in step)
+
+
+LLAMA_LIKE = ArchSpec()
+
+ARCHS: Registry[ArchSpec] = Registry("architecture")
+for _cls in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    ARCHS.register(_cls, LLAMA_LIKE)
+ARCHS.register("Gemma3ForCausalLM", dataclasses.replace(LLAMA_LIKE, norm_offset=1.0))
+
+
+def arch_for(model: nn.Module) -> ArchSpec:
+    name = type(model).__name__
+    return ARCHS.get(name) if name in ARCHS else LLAMA_LIKE
+
+
+def get_module(root: nn.Module, path: str) -> nn.Module:
+    module = root
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def set_module(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = get_module(root, parent_path) if parent_path else root
+    setattr(parent, leaf, new)
+
+
+def decoder_layers(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:
+    return get_module(model, spec.layers_path)  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""Packed integer formats, the QuantLinear module and GPTQ-layout checkpoints."""

@@ -1,0 +1,214 @@
+"""Checkpoints in the GPTQ safetensors layout (what transformers, GPTQModel and vLLM load).
+
+Per quantized linear `<name>`: `<name>.qweight` int32 [in/8, out], `<name>.qzeros`
+int32 [groups, out/8], `<name>.scales` fp16 [groups, out], `<name>.g_idx` int32 [in],
+and `<name>.bias` if any. config.json carries `quantization_config` with
+`quant_method: "gptq"`; quantize_config.json repeats it for older loaders.
+
+`checkpoint_format: "gptq"` (v1) stores zero points minus one, as the original
+GPTQ code did; a zero point of 0 cannot be stored that way, so when an
+asymmetric grid produces one we write `"gptq_v2"` (true zero points) instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from qcal.errors import CheckpointError, ModelNotFoundError
+from qcal.model.arch import get_module, set_module
+from qcal.packing.format import pack_cols, unpack_cols
+from qcal.packing.qlinear import QuantLinear
+
+WEIGHTS_NAME = "model.safetensors"
+QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+
+
+def quant_modules(model: nn.Module) -> dict[str, QuantLinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+def _zero_storage_format(model: nn.Module) -> str:
+    for layer in quant_modules(model).values():
+        if bool((unpack_cols(layer.qzeros, layer.bits) == 0).any()):
+            return "gptq_v2"
+    return "gptq"
+
+
+def _state_for_disk(model: nn.Module, fmt: str) -> dict[str, torch.Tensor]:
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if fmt == "gptq":
+        for name, layer in quant_modules(model).items():
+            stored = unpack_cols(state[f"{name}.qzeros"], layer.bits) - 1
+            state[f"{name}.qzeros"] = pack_cols(stored, layer.bits)
+    # Tied embeddings share storage; safetensors refuses aliases, and loaders re-tie.
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def write_dir_atomically(out_dir: Path, fill: Any) -> None:
+    """Create `out_dir` by filling a temp sibling directory and renaming it into place."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        fill(tmp)
+        tmp.chmod(0o755)  # mkdtemp creates 0700; the result should read like any output dir
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def quantization_config(layer: QuantLinear, desc_act: bool, sym: bool, fmt: str,
+                        meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "quant_method": "gptq",
+        "bits": layer.bits,
+        "group_size": layer.group_size,
+        "desc_act": desc_act,
+        "sym": sym,
+        "checkpoint_format": fmt,
+        "true_sequential": True,
+        "damp_percent": meta.get("damp_percent", 0.01),
+        "static_groups": meta.get("static_groups", False),
+        "meta": {"quantizer": ["qcal:0.1.0"], **meta},
+    }
+
+
+def save_checkpoint(
+    model: nn.Module, out_dir: Path | str, tokenizer: Any = None, *, desc_act: bool, sym: bool,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write a model whose quantized linears are `QuantLinear`s; atomic (temp dir + rename)."""
+    layers = quant_modules(model)
+    if not layers:
+        raise CheckpointError("the model has no QuantLinear layers: quantize it before saving")
+    first = next(iter(layers.values()))
+    fmt = _zero_storage_format(model)
+    qcfg = quantization_config(first, desc_act, sym, fmt, meta or {})
+
+    def fill(tmp: Path) -> None:
+        save_file(_state_for_disk(model, fmt), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config["quantization_config"] = qcfg
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+
+    write_dir_atomically(Path(out_dir), fill)
+    return Path(out_dir)
+
+
+def is_quantized_checkpoint(path: Path | str) -> bool:
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    qc = json.loads(cfg.read_text()).get("quantization_config") or {}
+    return qc.get("quant_method") == "gptq"
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(f"no *.safetensors file in {path}; re-run `qcal quantize`")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(
+                f"checkpoint file {f} is corrupted or truncated ({err}); re-create it with "
+                "`qcal quantize`"
+            ) from None
+    return state
+
+
+def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None) -> nn.Module:
+    """Build the model from config.json, swap in `QuantLinear`s, and load the tensors.
+
+    Missing, unexpected or mis-shaped tensors raise `CheckpointError` naming them.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"{path} has no config.json; is it a qcal/GPTQ checkpoint?")
+    raw = json.loads((path / "config.json").read_text())
+    qcfg = raw.get("quantization_config") or {}
+    if qcfg.get("quant_method") != "gptq":
+        raise CheckpointError(f"{path}/config.json has no GPTQ quantization_config")
+    fmt = qcfg.get("checkpoint_format", "gptq")
+    bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
+    state = _read_tensors(path)
+
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    torch_dtype = dtype or getattr(config, "dtype", None) or torch.float32
+    if isinstance(torch_dtype, str):
+        torch_dtype = getattr(torch, torch_dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+
+    quant_names = sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".qweight")})
+    for name in quant_names:
+        try:
+            linear = get_module(model, name)
+        except AttributeError:
+            raise CheckpointError(f"checkpoint tensor {name}.qweight names no module") from None
+        qlayer = QuantLinear(linear.in_features, linear.out_features, bits, group_size,
+                             linear.bias is not None)
+        set_module(model, name, qlayer)
+        for suffix in QUANT_SUFFIXES:
+            if f"{name}.{suffix}" not in state:
+                raise CheckpointError(
+                    f"checkpoint {path} is missing tensor {name}.{suffix}; re-create it"
+                )
+    _load_strict(model, state, path)
+    if fmt == "gptq":
+        for name in quant_names:
+            layer = get_module(model, name)
+            layer.qzeros.copy_(pack_cols(unpack_cols(layer.qzeros, bits) + 1, bits))
+    elif fmt != "gptq_v2":
+        raise CheckpointError(f"unsupported checkpoint_format {fmt!r} in {path}/config.json")
+    model.tie_weights()
+    model.eval()
+    return model
+
+
+def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    expected = model.state_dict()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    for key, ref in expected.items():
+        if key not in state:
+            if tied and key == "lm_head.weight":
+                continue
+            raise CheckpointError(f"checkpoint {path} is missing tensor {key}; re-create it")
+        if tuple(state[key].shape) != tuple(ref.shape):
+            raise CheckpointError(
+                f"checkpoint tensor {key} has shape {tuple(state[key].shape)}, expected "
+                f"{tuple(ref.shape)}; the checkpoint does not match its config.json"
+            )
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"checkpoint {path} has unexpected tensors: {unexpected[:5]}")
+    for key, ref in expected.items():
+        if key in state:
+            ref.copy_(state[key].to(ref.dtype) if ref.is_floating_point() else state[key])

@@ -1,0 +1,57 @@
+"""Bit packing of the GPTQ checkpoint layout (`32 // bits` codes per int32).
+
+qweight packs codes along in_features (rows of the [in, out] matrix):
+element j of int32 row i holds code[i * per_word + j] in bits [j*bits, (j+1)*bits).
+qzeros packs along out_features the same way. Only widths that divide 32 pack
+(2, 4, 8); 3-bit results are kept as fake-quant.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qcal.errors import ConfigError
+
+PACKABLE_BITS = (2, 4, 8)
+
+
+def _per_word(bits: int) -> int:
+    if bits not in PACKABLE_BITS:
+        raise ConfigError(f"{bits}-bit codes cannot be packed; packable widths are {PACKABLE_BITS}")
+    return 32 // bits
+
+
+def _to_int32(x: torch.Tensor) -> torch.Tensor:
+    # Words are built in int64; values >= 2**31 are reinterpreted as negative int32.
+    x = torch.where(x >= 2**31, x - 2**32, x)
+    return x.to(torch.int32)
+
+
+def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack int codes [K, N] into int32 [K / per_word, N]."""
+    per = _per_word(bits)
+    k, n = codes.shape
+    if k % per:
+        raise ConfigError(f"cannot pack {k} rows into int32 words of {per} {bits}-bit codes")
+    c = codes.to(torch.int64).reshape(k // per, per, n)
+    shifts = (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
+    return _to_int32((c << shifts).sum(dim=1))
+
+
+def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `pack_rows`: int32 [K / per_word, N] -> int32 codes [K, N]."""
+    per = _per_word(bits)
+    kp, n = packed.shape
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    shifts = (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
+    codes = (words.unsqueeze(1) >> shifts) & (2**bits - 1)
+    return codes.reshape(kp * per, n).to(torch.int32)
+
+
+def pack_cols(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack int codes [G, N] along N into int32 [G, N / per_word]."""
+    return pack_rows(codes.T.contiguous(), bits).T.contiguous()
+
+
+def unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    return unpack_rows(packed.T.contiguous(), bits).T.contiguous()

@@ -1,0 +1,116 @@
+"""End-to-end jobs the CLI calls: quantize a model, evaluate perplexity."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcal.config import QuantScheme, to_dict
+from qcal.errors import ConfigError
+from qcal.model.arch import arch_for, get_module
+from qcal.model.loading import load_model
+from qcal.packing.checkpoint import save_checkpoint
+from qcal.packing.format import PACKABLE_BITS
+from qcal.quant.methods import METHODS, RunOptions, iter_layer_linears
+
+
+def validate_scheme(model: nn.Module, scheme: QuantScheme) -> None:
+    """Fail before any work if the scheme cannot serve every quantized linear."""
+    for _, name in iter_layer_linears(model, arch_for(model)):
+        linear = get_module(model, name)
+        scheme.groups_for(linear.in_features, name)
+        per = 32 // scheme.bits if scheme.bits in PACKABLE_BITS else 1
+        if linear.out_features % per:
+            raise ConfigError(
+                f"{name} has out_features={linear.out_features}, not a multiple of {per}; "
+                f"{scheme.bits}-bit packing needs that"
+            )
+
+
+def quantize_model_dir(
+    model: str | Path | None, method: str, config: Any, out_dir: Path,
+    calib_ids: torch.Tensor | None = None, calib_manifest: dict[str, Any] | None = None,
+    opts: RunOptions | None = None,
+) -> dict[str, Any]:
+    """Load `model`, quantize it with `method`, write a GPTQ-layout checkpoint to `out_dir`."""
+    opts = opts or RunOptions()
+    spec = METHODS.get(method)
+    if not isinstance(config, spec.config_cls):
+        raise ConfigError(f"method {method!r} takes a {spec.config_cls.__name__}")
+    if spec.needs_calibration and calib_ids is None:
+        raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
+    net, tokenizer, src = load_model(model)
+    validate_scheme(net, config.scheme)
+    if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
+        raise ConfigError(
+            f"{config.scheme.bits}-bit results cannot be packed into a GPTQ checkpoint; "
+            f"use bits in {PACKABLE_BITS} (other widths are available as fake-quant in Python)"
+        )
+    started = time.perf_counter()
+    losses = spec.run(net, config, calib_ids, opts)
+    seconds = time.perf_counter() - started
+    meta = {
+        "method": method,
+        "config": to_dict(config),
+        "source_model": str(src),
+        "calibration": calib_manifest,
+        "quantize_seconds": round(seconds, 2),
+        "damp_percent": getattr(config, "damp_percent", 0.01),
+        "static_groups": getattr(config, "static_groups", False),
+    }
+    save_checkpoint(net, out_dir, tokenizer, desc_act=getattr(config, "desc_act", False),
+                    sym=config.scheme.sym, meta=meta)
+    log = {"losses": losses, **meta}
+    (Path(out_dir) / "quant_log.json").write_text(json.dumps(log, indent=2, default=str))
+    return log
+
+
+def default_output_dir(model: str | Path | None, method: str, scheme: QuantScheme,
+                       tag: str = "") -> Path:
+    from qcal.paths import DEFAULT_MODEL_NAME, runs_dir
+
+    base = Path(model).name if model else DEFAULT_MODEL_NAME
+    g = "c" if scheme.group_size == -1 else str(scheme.group_size)
+    sym = "-sym" if scheme.sym else ""
+    return runs_dir() / f"{base}-{method}-w{scheme.bits}g{g}{sym}{tag}"
+
+
+def evaluate_perplexity(
+    model: str | Path | None, langs: list[str], seqlen: int = 512, stride: int | None = None,
+    batch_size: int = 4, max_windows: int | None = None, text_file: Path | None = None,
+    source: str = "debian-handbook", progress: bool = True,
+) -> dict[str, Any]:
+    """Per-language perplexity of a float model or a qcal checkpoint on held-out text."""
+    from qcal.data import eval_text
+    from qcal.eval.perplexity import perplexity
+
+    net, tokenizer, path = load_model(model)
+    texts: dict[str, str] = {}
+    if text_file is not None:
+        if not Path(text_file).is_file():
+            raise ConfigError(f"--text file {text_file} does not exist")
+        texts["file"] = Path(text_file).read_text(encoding="utf-8")
+    else:
+        for lang in langs:
+            texts[lang] = eval_text(lang, source=source)
+    per_lang: dict[str, Any] = {}
+    for lang, text in texts.items():
+        res = perplexity(net, tokenizer, text, seqlen, stride, batch_size, max_windows,
+                         progress, desc=f"ppl[{lang}]")
+        per_lang[lang] = res.summary()
+    return {"model": str(path), "source": source if text_file is None else str(text_file),
+            "settings": dataclasses.asdict(_PplSettings(seqlen, stride, max_windows)),
+            "perplexity": per_lang}
+
+
+@dataclasses.dataclass(frozen=True)
+class _PplSettings:
+    seqlen: int
+    stride: int | None
+    max_windows: int | None

@@ -1,0 +1,1 @@
+"""Quantizers: the integer grid, RTN, GPTQ and AWQ as pure tensor functions."""

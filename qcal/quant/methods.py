@@ -1,0 +1,88 @@
+"""The quantization-method registry and the in-place application of results.
+
+A method's `run(model, config, calib_ids, options)` quantizes every linear named by
+the model's ArchSpec, replaces it in place (packed `QuantLinear`, or a fake-quant
+`nn.Linear` for widths that cannot pack), and returns per-linear losses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from qcal.config import RTNConfig
+from qcal.model.arch import ArchSpec, arch_for, decoder_layers, get_module, set_module
+from qcal.packing.format import PACKABLE_BITS
+from qcal.packing.qlinear import QuantLinear
+from qcal.quant.base import QuantResult, rtn_quantize
+from qcal.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How to run (not what to compute): device, progress, resume state."""
+
+    device: str = "cpu"
+    progress: bool = True
+    packed: bool = True
+    work_dir: Path | None = None  # per-layer state for --resume
+    resume: bool = False
+    log: Callable[[str], None] = print
+
+
+RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantMethod:
+    name: str
+    config_cls: type
+    needs_calibration: bool
+    run: RunFn
+
+
+METHODS: Registry[QuantMethod] = Registry("quantization method")
+
+
+def apply_result(model: nn.Module, name: str, result: QuantResult, packed: bool = True) -> nn.Module:
+    """Replace linear `name` by its quantized form; returns the new module."""
+    linear = get_module(model, name)
+    bias = linear.bias.detach() if getattr(linear, "bias", None) is not None else None
+    if packed and result.scheme.bits in PACKABLE_BITS:
+        new: nn.Module = QuantLinear.from_result(result, bias).to(linear.weight.device)
+    else:
+        new = nn.Linear(linear.in_features, linear.out_features, bias=bias is not None)
+        new = new.to(device=linear.weight.device, dtype=linear.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(result.dequantize().to(linear.weight.dtype))
+            if bias is not None:
+                new.bias.copy_(bias)
+    set_module(model, name, new)
+    return new
+
+
+def iter_layer_linears(model: nn.Module, spec: ArchSpec) -> list[tuple[int, str]]:
+    layers = decoder_layers(model, spec)
+    return [(i, f"{spec.layers_path}.{i}.{lin}") for i in range(len(layers))
+            for lin in spec.linear_names]
+
+
+def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,
+            opts: RunOptions) -> dict[str, float | None]:
+    spec = arch_for(model)
+    losses: dict[str, float | None] = {}
+    for _, name in tqdm(iter_layer_linears(model, spec), desc="rtn", disable=not opts.progress):
+        weight = get_module(model, name).weight.detach()
+        result = rtn_quantize(weight, cfg.scheme, name=name)
+        losses[name] = float((result.dequantize() - weight.float()).pow(2).sum())
+        apply_result(model, name, result, opts.packed)
+    return losses
+
+
+METHODS.register("rtn", QuantMethod("rtn", RTNConfig, False, run_rtn))

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One-command set-up on a fresh machine: virtualenv, pinned dependencies (torch 2.13.0
+# CPU build from this machine's disk), the embedded default model and the offline corpora.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+# constraints.txt holds torch==2.13.0 so no dependency can pull a CUDA build.
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+.venv/bin/python scripts/provision_models.py
+.venv/bin/python scripts/provision_data.py
+echo "qcal set-up complete: activate with '. .venv/bin/activate' or use .venv/bin/qcal"
