@@ -1,0 +1,102 @@
+"""Writing results/: JSON + Markdown side by side, atomically, with provenance.
+
+Every table records the command, model, data and machine that produced it, so
+results/ stays honest when the code moves on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def provenance(command: str | None = None, **extra: Any) -> dict[str, Any]:
+    """What produced a result: command line, time, git commit, machine, plus `extra`."""
+    return {
+        "command": command or " ".join(shlex.quote(a) for a in sys.argv),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git_commit": git_commit(),
+        "machine": machine_info(),
+        **extra,
+    }
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def provenance_markdown(prov: dict[str, Any]) -> str:
+    m = prov.get("machine", {})
+    lines = [
+        f"- Command: `{prov.get('command')}`",
+        f"- Date: {prov.get('date')}, git commit {prov.get('git_commit')}",
+        f"- Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}"
+        + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU"),
+    ]
+    for key, value in prov.items():
+        if key not in {"command", "date", "git_commit", "machine"}:
+            lines.append(f"- {key.replace('_', ' ').capitalize()}: {value}")
+    return "\n".join(lines)
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]], floatfmt: str = ".3f") -> str:
+    def fmt(v: Any) -> str:
+        return format(v, floatfmt) if isinstance(v, float) else str(v)
+
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def write_results(stem: Path | str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    """Write `<stem>.json` and `<stem>.md` atomically; returns both paths."""
+    stem = Path(stem)
+    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
+    atomic_write_text(json_path, json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write_text(md_path, markdown.rstrip() + "\n")
+    return json_path, md_path
