@@ -1,0 +1,114 @@
+"""Hooks that capture what flows into decoder layers and linears.
+
+Capturing layer-0 inputs runs the model's embedding/rotary prelude once and stops
+at the first decoder layer, so nothing past it is computed or kept in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcal.model.arch import ArchSpec, decoder_layers, get_module
+
+
+class _StopForward(Exception):
+    """Raised inside layer 0's pre-hook to abandon the rest of the forward pass."""
+
+
+@dataclasses.dataclass
+class LayerInputs:
+    """Per-batch hidden states entering a decoder layer, and the keyword arguments
+    (rotary embeddings, masks, positions) the model passed alongside them."""
+
+    hidden: list[torch.Tensor]
+    kwargs: list[dict[str, Any]]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(h.shape[0] * h.shape[1] for h in self.hidden)
+
+
+def _detach_kwargs(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in {"past_key_values", "past_key_value", "use_cache", "output_attentions"}:
+            continue  # caches would keep growing across calibration batches
+        if isinstance(value, torch.Tensor):
+            value = value.detach().to(device)
+        elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
+            value = tuple(v.detach().to(device) for v in value)
+        out[key] = value
+    return out
+
+
+@torch.no_grad()
+def capture_layer0_inputs(
+    model: nn.Module, spec: ArchSpec, calib_ids: torch.Tensor, batch_size: int = 8,
+    device: str | torch.device = "cpu", store_dtype: torch.dtype | None = None,
+) -> LayerInputs:
+    """Inputs of decoder layer 0 for every calibration batch (kept on CPU)."""
+    layer0 = decoder_layers(model, spec)[0]
+    captured = LayerInputs([], [])
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        captured.hidden.append(hidden.detach().to("cpu", store_dtype or hidden.dtype))
+        captured.kwargs.append(_detach_kwargs(kwargs, "cpu"))
+        raise _StopForward
+
+    handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for start in range(0, calib_ids.shape[0], batch_size):
+            batch = calib_ids[start:start + batch_size].to(device)
+            with suppress(_StopForward):
+                model(input_ids=batch, use_cache=False)
+    finally:
+        handle.remove()
+    return captured
+
+
+def _to_device(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    return _detach_kwargs(kwargs, device)
+
+
+@torch.no_grad()
+def run_layer(
+    layer: nn.Module, inputs: LayerInputs, device: torch.device | str = "cpu",
+    store_dtype: torch.dtype | None = None,
+) -> list[torch.Tensor]:
+    """Outputs of `layer` for each stored batch (returned on CPU)."""
+    outs: list[torch.Tensor] = []
+    for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
+        dtype = next(layer.parameters(), torch.empty(0)).dtype
+        h = hidden.to(device=device, dtype=dtype)
+        out = layer(h, **_to_device(kwargs, device))
+        out = out[0] if isinstance(out, tuple) else out
+        outs.append(out.detach().to("cpu", store_dtype or hidden.dtype))
+    return outs
+
+
+@contextmanager
+def capture_linear_inputs(
+    layer: nn.Module, names: list[str] | tuple[str, ...],
+    sink: Callable[[str, torch.Tensor], None],
+) -> Iterator[None]:
+    """While active, every forward of the named linears sends its input to `sink(name, x)`."""
+    handles = []
+    for name in names:
+        module = get_module(layer, name)
+
+        def hook(mod: nn.Module, args: tuple, name: str = name) -> None:
+            sink(name, args[0].detach())
+
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
