@@ -1,0 +1,53 @@
+"""Packing of the GPTQ layout and QuantLinear against the fake-quant weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.reference import dequantize_packed
+from qcal.config import QuantScheme
+from qcal.errors import ConfigError
+from qcal.packing.format import pack_cols, pack_rows, unpack_cols, unpack_rows
+from qcal.packing.qlinear import QuantLinear
+from qcal.quant.base import rtn_quantize
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_pack_unpack_rows_identity(bits: int) -> None:
+    torch.manual_seed(bits)
+    codes = torch.randint(0, 2**bits, (64, 24), dtype=torch.int32)
+    packed = pack_rows(codes, bits)
+    assert packed.dtype == torch.int32 and packed.shape == (64 * bits // 32, 24)
+    assert torch.equal(unpack_rows(packed, bits), codes)
+
+
+def test_pack_cols_identity_and_known_word() -> None:
+    codes = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 15]], dtype=torch.int32)
+    packed = pack_cols(codes, 4)
+    # code j sits in bits [4j, 4j+4): 0xF7654321 read as a signed int32
+    assert packed.item() == 0xF7654321 - 2**32
+    assert torch.equal(unpack_cols(packed, 4), codes)
+
+
+def test_unpackable_widths_raise_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="3-bit codes cannot be packed"):
+        pack_rows(torch.zeros(32, 8, dtype=torch.int32), 3)
+    with pytest.raises(ConfigError, match="cannot pack 12 rows"):
+        pack_rows(torch.zeros(12, 8, dtype=torch.int32), 4)
+
+
+@pytest.mark.parametrize("group_size", [32, 128, -1])
+@pytest.mark.parametrize("sym", [False, True])
+def test_quant_linear_reproduces_fake_quant(group_size: int, sym: bool) -> None:
+    torch.manual_seed(1)
+    w, b = torch.randn(48, 256), torch.randn(48)
+    res = rtn_quantize(w, QuantScheme(4, group_size, sym))
+    layer = QuantLinear.from_result(res, b, scale_dtype=torch.float32)
+    torch.testing.assert_close(layer.dequantized_weight(), res.dequantize())
+    x = torch.randn(5, 256)
+    torch.testing.assert_close(layer(x), x @ res.dequantize().T + b, rtol=1e-5, atol=1e-5)
+    deq = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, 4)
+    torch.testing.assert_close(deq.T, res.dequantize())
