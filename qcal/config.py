@@ -77,6 +77,17 @@ class RTNConfig:
 
 @dataclasses.dataclass(frozen=True)
 class GPTQConfig:
+    """GPTQ (Frantar et al.): column-by-column rounding with Hessian error feedback.
+
+    damp_percent: diagonal damping as a fraction of mean(diag H); grown tenfold on a
+    failed Cholesky (up to 1.0). desc_act: act-order (columns by descending diag H,
+    groups formed in that order, recorded in g_idx). static_groups: group grids from
+    the original weights before any update (with desc_act, groups stay contiguous).
+    mse_clip: per-group grid search over shrink factors 1 - i/mse_grid (down to
+    1 - mse_maxshrink) minimising |w - q|^mse_norm. act_dtype: storage dtype of the
+    layer activations kept between layers ("float32", "float16", "bfloat16").
+    """
+
     scheme: QuantScheme = QuantScheme()
     damp_percent: float = 0.01
     block_size: int = 128
@@ -84,16 +95,36 @@ class GPTQConfig:
     static_groups: bool = False
     true_sequential: bool = True
     mse_clip: bool = False
+    mse_grid: int = 100
+    mse_maxshrink: float = 0.8
+    mse_norm: float = 2.4
+    act_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if not 0 < self.damp_percent < 1:
             raise ConfigError(f"damp_percent={self.damp_percent} must lie in (0, 1); try 0.01")
         if self.block_size <= 0:
             raise ConfigError(f"block_size={self.block_size} must be positive; try 128")
+        if self.mse_grid <= 0 or not 0 <= self.mse_maxshrink < 1:
+            raise ConfigError(
+                f"mse_grid={self.mse_grid} / mse_maxshrink={self.mse_maxshrink} are invalid; "
+                "use a positive grid and a shrink in [0, 1), e.g. 100 and 0.8"
+            )
+        if self.act_dtype not in ("float32", "float16", "bfloat16"):
+            raise ConfigError(
+                f"act_dtype={self.act_dtype!r} is not supported; use float32, float16 or bfloat16"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
 class AWQConfig:
+    """AWQ: activation-aware scale search (grid over s_x^ratio) then per-group clip search.
+
+    grid_points: ratios tried, {0, 1/n, ..., (n-1)/n}; duo_scaling divides by s_w^(1-ratio);
+    clip_grid/max_shrink: clip thresholds max * (1 - i/clip_grid) for i < max_shrink * clip_grid;
+    clip_tokens: tokens subsampled to score a clip.
+    """
+
     scheme: QuantScheme = QuantScheme()
     grid_points: int = 20
     duo_scaling: bool = False
@@ -101,6 +132,16 @@ class AWQConfig:
     clip_grid: int = 20
     max_shrink: float = 0.5
     clip_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.grid_points < 1:
+            raise ConfigError(f"grid_points={self.grid_points} must be >= 1; try 20")
+        if self.clip_grid < 1:
+            raise ConfigError(f"clip_grid={self.clip_grid} must be >= 1; try 20")
+        if not 0 <= self.max_shrink < 1:
+            raise ConfigError(f"max_shrink={self.max_shrink} must lie in [0, 1); try 0.5")
+        if self.clip_tokens < 1:
+            raise ConfigError(f"clip_tokens={self.clip_tokens} must be >= 1; try 512")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +155,40 @@ class CalibConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
+    """What `qcal eval` measures.
+
+    Perplexity on held-out text per language (fixed windows of `seqlen`, or strided);
+    lm-eval `tasks` (local or standard names, first `limit` items each); with
+    `calibration`, confidence metrics with `ece_bins` equal-width bins (15 equal-count
+    ranges for adaptive ECE use the same count).
+    """
+
     seqlen: int = 512
     stride: int | None = None
     batch_size: int = 4
     max_windows: int | None = None
     langs: tuple[str, ...] = ()
+    ppl: bool = True
+    source: str = "debian-handbook"
+    tasks: tuple[str, ...] = ()
+    limit: int | None = None
+    num_fewshot: int | None = None
+    task_batch_size: int = 16
+    calibration: bool = False
+    ece_bins: int = 15
+
+    def __post_init__(self) -> None:
+        if self.seqlen < 2:
+            raise ConfigError(f"seqlen={self.seqlen} must be at least 2; the default is 512")
+        if self.batch_size < 1 or self.task_batch_size < 1:
+            raise ConfigError("batch sizes must be positive; try --batch-size 4")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit {self.limit} must be a positive number of items")
+        if self.ece_bins < 1:
+            raise ConfigError(f"--ece-bins {self.ece_bins} must be at least 1; the usual is 15")
+        if self.calibration and not self.tasks:
+            raise ConfigError("--calibration scores multiple-choice items: add --tasks "
+                              "(e.g. --tasks qcal_nextsent_en)")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -37,7 +37,7 @@ class LayerInputs:
 def _detach_kwargs(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in kwargs.items():
-        if key in {"past_key_values", "past_key_value", "use_cache", "output_attentions"}:
+        if key in {"past_key_values", "past_key_value", "cache", "use_cache", "output_attentions"}:
             continue  # caches would keep growing across calibration batches
         if isinstance(value, torch.Tensor):
             value = value.detach().to(device)
@@ -77,20 +77,61 @@ def _to_device(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, 
     return _detach_kwargs(kwargs, device)
 
 
+def _compute_dtype(layer: nn.Module) -> torch.dtype:
+    # A fully quantized layer may hold only buffers (QuantLinear) besides its norms.
+    for t in (*layer.parameters(), *layer.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
 @torch.no_grad()
 def run_layer(
     layer: nn.Module, inputs: LayerInputs, device: torch.device | str = "cpu",
-    store_dtype: torch.dtype | None = None,
+    store_dtype: torch.dtype | None = None, inplace: bool = False,
 ) -> list[torch.Tensor]:
-    """Outputs of `layer` for each stored batch (returned on CPU)."""
-    outs: list[torch.Tensor] = []
-    for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
-        dtype = next(layer.parameters(), torch.empty(0)).dtype
+    """Outputs of `layer` for each stored batch (returned on CPU).
+
+    `inplace=True` overwrites `inputs.hidden` batch by batch (and returns that list),
+    so inputs and outputs of the whole calibration set never coexist in memory.
+    """
+    outs: list[torch.Tensor] = inputs.hidden if inplace else []
+    dtype = _compute_dtype(layer)
+    for i, (hidden, kwargs) in enumerate(zip(inputs.hidden, inputs.kwargs, strict=True)):
         h = hidden.to(device=device, dtype=dtype)
         out = layer(h, **_to_device(kwargs, device))
         out = out[0] if isinstance(out, tuple) else out
-        outs.append(out.detach().to("cpu", store_dtype or hidden.dtype))
+        out = out.detach().to("cpu", store_dtype or hidden.dtype)
+        if inplace:
+            outs[i] = out
+        else:
+            outs.append(out)
     return outs
+
+
+@torch.no_grad()
+def feed_linear_inputs(
+    layer: nn.Module, inputs: LayerInputs, names: list[str] | tuple[str, ...],
+    sink: Callable[[str, torch.Tensor], None], device: torch.device | str = "cpu",
+) -> None:
+    """Run every stored batch through `layer`, sending the inputs of the named linears to
+    `sink(name, x)`; each forward stops as soon as all named linears were fed, so
+    collecting the inputs of early linears does not pay for the rest of the layer."""
+    wanted = set(names)
+    seen: set[str] = set()
+
+    def collect(name: str, x: torch.Tensor) -> None:
+        sink(name, x)
+        seen.add(name)
+        if seen >= wanted:
+            raise _StopForward
+
+    dtype = _compute_dtype(layer)
+    with capture_linear_inputs(layer, names, collect):
+        for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
+            seen.clear()
+            with suppress(_StopForward):
+                layer(hidden.to(device=device, dtype=dtype), **_to_device(kwargs, device))
 
 
 @contextmanager

@@ -77,8 +77,13 @@ def sequential_quantize(
     model: nn.Module, spec: ArchSpec, calib_ids: torch.Tensor, quantize_layer: LayerFn, *,
     device: str = "cpu", batch_size: int = 8, progress: bool = True, desc: str = "layers",
     work_dir: Path | None = None, resume: bool = False, fingerprint: str = "",
+    store_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
-    """Run `quantize_layer(index, layer, inputs)` over all decoder layers; returns its logs."""
+    """Run `quantize_layer(index, layer, inputs)` over all decoder layers; returns its logs.
+
+    `store_dtype` (e.g. torch.float16) keeps the calibration activations between
+    layers compactly; by default they keep the model's dtype.
+    """
     layers = decoder_layers(model, spec)
     logs: dict[str, Any] = {}
     start, inputs = 0, None
@@ -86,18 +91,29 @@ def sequential_quantize(
         done, inputs, logs = _resume(work_dir, layers, fingerprint)
         start = done + 1
     if inputs is None:
-        inputs = capture_layer0_inputs(model, spec, calib_ids, batch_size, device)
+        inputs = capture_layer0_inputs(model, spec, calib_ids, batch_size, device, store_dtype)
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
         layer = layers[index].to(device)
         logs[str(index)] = quantize_layer(index, layer, inputs)
-        inputs = LayerInputs(run_layer(layer, inputs, device), inputs.kwargs)
+        # In place: the layer's inputs are dead once it is quantized.
+        inputs = LayerInputs(run_layer(layer, inputs, device, store_dtype, inplace=True),
+                             inputs.kwargs)
+        _drop_kernel_caches(layer)
         layers[index] = layer.to("cpu") if device != "cpu" else layer
         if work_dir is not None:
             _save_progress(work_dir, index, layers[index], inputs, logs, fingerprint)
         bar.update(1)
     bar.close()
     return logs
+
+
+def _drop_kernel_caches(layer: nn.Module) -> None:
+    # QuantLinear caches a dequantized weight per dtype for speed; across 30 layers
+    # those copies would add up to the float model again.
+    for module in layer.modules():
+        if isinstance(module, QuantLinear):
+            module._kernel_cache.clear()
 
 
 def layer_linear(layer: nn.Module, name: str) -> nn.Linear:

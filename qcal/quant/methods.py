@@ -86,3 +86,9 @@ def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,
 
 
 METHODS.register("rtn", QuantMethod("rtn", RTNConfig, False, run_rtn))
+
+# Method modules register themselves; imported last because they import this module.
+from qcal.quant import (  # noqa: E402,F401
+    awq_runner,  # registers "awq"
+    gptq_runner,  # registers "gptq"
+)

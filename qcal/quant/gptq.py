@@ -1,0 +1,145 @@
+"""GPTQ as a pure tensor function: quantize one weight matrix given its Hessian.
+
+Columns are quantized one at a time; each column's rounding error, scaled by the
+inverse Hessian's Cholesky factor, is pushed onto the columns not yet quantized
+(lazily: inside a block of `block_size` columns at once, onto the trailing columns
+once per block). With act-order the columns are visited by descending diag(H);
+codes are returned in the original column order and g_idx records each column's
+group, which is what the GPTQ checkpoint layout stores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qcal.config import GPTQConfig, QuantScheme
+from qcal.errors import ConfigError
+from qcal.quant import grid
+from qcal.quant.base import QuantResult
+from qcal.quant.hessian import dead_columns, hessian_loss, inverse_cholesky
+
+# Scales are stored as fp16 in the checkpoint. Rounding them *before* quantizing
+# makes the error feedback see the grid that is actually stored, so the packed
+# layer reproduces the fake-quant weights exactly.
+_FP16_TINY = 2.0**-24
+
+
+def _store_scale(scale: torch.Tensor) -> torch.Tensor:
+    return scale.clamp(min=_FP16_TINY).to(torch.float16).float()
+
+
+def group_params(
+    w: torch.Tensor, scheme: QuantScheme, cfg: GPTQConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale [rows], zero [rows]) of the grid for the columns of `w` [rows, cols].
+
+    With `cfg.mse_clip`, each row's range is shrunk by the factor (searched over
+    1 - i / mse_grid) that minimises sum |w - q|^mse_norm, as in the GPTQ reference.
+    """
+    scale, zero = grid.find_params(w, scheme.bits, scheme.sym)
+    if cfg.mse_clip:
+        w = w.float()
+        best = torch.full((w.shape[0],), float("inf"), device=w.device)
+        for i in range(int(cfg.mse_maxshrink * cfg.mse_grid) + 1):
+            shrink = 1.0 - i / cfg.mse_grid
+            s, z = grid.find_params(w, scheme.bits, scheme.sym, shrink=shrink)
+            s = _store_scale(s)
+            q = grid.fake_quantize(w, s.unsqueeze(1), z.unsqueeze(1), scheme.maxq)
+            err = (q - w).abs_().pow_(cfg.mse_norm).sum(dim=1)
+            better = err < best
+            best = torch.where(better, err, best)
+            scale = torch.where(better, s, scale)
+            zero = torch.where(better, z, zero)
+    return _store_scale(scale), zero
+
+
+def act_order_perm(hessian: torch.Tensor) -> torch.Tensor:
+    """Column visiting order for act-order: descending diag(H), ties by index (stable)."""
+    return torch.argsort(hessian.diagonal(), descending=True, stable=True)
+
+
+def gptq_quantize(
+    weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str = "layer"
+) -> QuantResult:
+    """Quantize `weight` [out, in] against `hessian` [in, in] (from `accumulate_hessian`).
+
+    Returns a QuantResult whose `loss` is `hessian_loss` of the final weights under the
+    undamped Hessian (mean squared output error over the calibration tokens).
+    """
+    scheme = cfg.scheme
+    out_f, in_f = weight.shape
+    if tuple(hessian.shape) != (in_f, in_f):
+        raise ConfigError(
+            f"Hessian of {name} has shape {tuple(hessian.shape)}, expected {(in_f, in_f)}; "
+            "it must come from the inputs of this very linear"
+        )
+    groups = scheme.groups_for(in_f, name)
+    g = scheme.effective_group(in_f)
+    w = weight.detach().to(torch.float32).clone()
+    h = hessian.detach().to(device=w.device, dtype=torch.float32).clone()
+    dead = dead_columns(h)
+    h[dead, dead] = 1.0  # never seen: any value works, 1 keeps H invertible
+    w[:, dead] = 0.0
+
+    static: tuple[torch.Tensor, torch.Tensor] | None = None
+    if cfg.static_groups and scheme.group_size != -1:
+        pairs = [group_params(w[:, s:s + g], scheme, cfg) for s in range(0, in_f, g)]
+        static = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
+
+    perm = act_order_perm(h) if cfg.desc_act else torch.arange(in_f, device=w.device)
+    if cfg.desc_act:
+        w = w[:, perm]
+        h = h[perm][:, perm]
+    upper, _ = inverse_cholesky(h, cfg.damp_percent, name)
+    del h
+
+    codes = torch.empty(out_f, in_f, dtype=torch.int32, device=w.device)
+    scales: list[torch.Tensor] = []
+    zeros: list[torch.Tensor] = []
+    scale = zero = torch.empty(0)
+    if scheme.group_size == -1:
+        scale, zero = group_params(w, scheme, cfg)
+        scales, zeros = [scale], [zero]
+    for i1 in range(0, in_f, cfg.block_size):
+        i2 = min(i1 + cfg.block_size, in_f)
+        w1 = w[:, i1:i2].clone()
+        err1 = torch.zeros_like(w1)
+        u1 = upper[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            if static is not None:
+                gi = int(perm[col]) // g
+                scale, zero = static[0][gi], static[1][gi]
+            elif scheme.group_size != -1 and col % g == 0:
+                # The group's grid comes from its *current* (already compensated) weights.
+                seg = w1[:, i:i + g]
+                if i + g > i2 - i1:
+                    seg = torch.cat([seg, w[:, i2:col + g]], dim=1)
+                scale, zero = group_params(seg, scheme, cfg)
+                scales.append(scale)
+                zeros.append(zero)
+            col_w = w1[:, i]
+            q = grid.quantize(col_w, scale, zero, scheme.maxq)
+            codes[:, col] = q
+            err = (col_w - grid.dequantize(q, scale, zero)) / u1[i, i]
+            w1[:, i:].sub_(torch.outer(err, u1[i, i:]))
+            err1[:, i] = err
+        w[:, i2:].sub_(err1 @ upper[i1:i2, i2:])
+    del upper, w
+
+    if static is not None:
+        scale_t, zero_t = static
+        g_idx = grid.group_index(in_f, g).to(codes.device)
+    else:
+        scale_t, zero_t = torch.stack(scales), torch.stack(zeros)
+        g_idx = torch.empty(in_f, dtype=torch.int32, device=codes.device)
+        g_idx[perm] = torch.arange(in_f, dtype=torch.int32, device=codes.device) // g
+    if cfg.desc_act:
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(in_f, device=perm.device)
+        codes = codes[:, inv]
+    assert scale_t.shape[0] == groups, (scale_t.shape, groups)
+    result = QuantResult(codes.contiguous(), scale_t.contiguous(), zero_t.to(torch.int32),
+                         g_idx, scheme)
+    result.loss = hessian_loss(weight, result.dequantize(), hessian.float())
+    return result

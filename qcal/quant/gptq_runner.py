@@ -1,0 +1,132 @@
+"""GPTQ over a whole model: Hessians from hooks, layer by layer, in true-sequential order.
+
+Per decoder layer and per step of the ArchSpec's `sequential` order (q/k/v, o,
+gate/up, down): feed the layer's calibration inputs through the partly quantized
+layer, accumulate one Hessian per distinct linear input, quantize the step's
+linears, swap them for `QuantLinear`s. The layer-wise driver then runs the
+quantized layer to make the next layer's inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcal.config import GPTQConfig, to_json
+from qcal.errors import ConfigError
+from qcal.model.arch import ArchSpec, arch_for
+from qcal.model.capture import LayerInputs, feed_linear_inputs
+from qcal.model.sequential import layer_linear, sequential_quantize
+from qcal.quant.gptq import gptq_quantize
+from qcal.quant.hessian import accumulate_hessian
+from qcal.quant.methods import METHODS, QuantMethod, RunOptions, apply_result
+
+ACT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CALIB_BATCH = 8
+
+
+class HessianSink:
+    """Accumulates one Hessian per *distinct* input tensor: q/k/v (and gate/up) read the
+    same normed hidden states, so they share one Hessian instead of computing it 3x."""
+
+    def __init__(self, names: list[str] | tuple[str, ...]) -> None:
+        self.names = tuple(names)
+        self.hessians: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.alias: dict[str, str] = {}
+        # Held until every name was seen in this forward, so a freed tensor's address
+        # cannot be reused by a different input and be mistaken for a shared one.
+        self._batch: dict[tuple[Any, ...], tuple[str, torch.Tensor]] = {}
+        self._seen: set[str] = set()
+
+    def __call__(self, name: str, x: torch.Tensor) -> None:
+        key = (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
+        owner = self._batch.get(key)
+        if owner is not None:
+            self.alias[name] = owner[0]
+        else:
+            self._batch[key] = (name, x)
+            self.hessians[name], self.counts[name] = accumulate_hessian(
+                x, self.hessians.get(name), self.counts.get(name, 0))
+        self._seen.add(name)
+        if self._seen >= set(self.names):
+            self._batch.clear()
+            self._seen.clear()
+
+    def hessian(self, name: str) -> torch.Tensor:
+        owner = self.alias.get(name, name)
+        if owner not in self.hessians:
+            raise ConfigError(
+                f"{name} received no calibration inputs; is it used in the layer's forward "
+                "pass? Fix the ArchSpec's `sequential` names for this architecture"
+            )
+        return self.hessians[owner]
+
+
+def fingerprint(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor, packed: bool) -> str:
+    """Identifies a run for --resume: same model, config and calibration ids."""
+    h = hashlib.sha256()
+    config = getattr(model, "config", None)
+    h.update(str(getattr(config, "_name_or_path", type(model).__name__)).encode())
+    if config is not None:
+        h.update(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
+    h.update(to_json(cfg).encode())
+    h.update(str(packed).encode())
+    h.update(calib.detach().cpu().to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def quantize_layer_gptq(
+    layer: nn.Module, inputs: LayerInputs, steps: tuple[tuple[str, ...], ...], cfg: GPTQConfig,
+    prefix: str = "", device: str = "cpu", packed: bool = True,
+) -> dict[str, float | None]:
+    """Quantize one decoder layer in place; returns {linear name: hessian loss}."""
+    losses: dict[str, float | None] = {}
+    for step in steps:
+        for name in step:
+            layer_linear(layer, name)  # fail early on a wrong ArchSpec
+        sink = HessianSink(step)
+        feed_linear_inputs(layer, inputs, step, sink, device)
+        for name in step:
+            linear = layer_linear(layer, name)
+            result = gptq_quantize(linear.weight.data, sink.hessian(name), cfg,
+                                   name=f"{prefix}{name}")
+            apply_result(layer, name, result, packed)
+            losses[name] = result.loss
+        del sink
+    return losses
+
+
+def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
+             opts: RunOptions) -> dict[str, float | None]:
+    """Quantize every linear of the model's ArchSpec with GPTQ; returns per-linear losses."""
+    if calib is None or calib.numel() == 0:
+        raise ConfigError("GPTQ needs calibration token ids; pass --calib with --nsamples > 0")
+    spec: ArchSpec = arch_for(model)
+    steps = spec.sequential if cfg.true_sequential else (spec.linear_names,)
+    store = ACT_DTYPES[cfg.act_dtype]
+    model_dtype = next(model.parameters()).dtype
+
+    def one_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
+        losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{spec.layers_path}.{index}.",
+                                     opts.device, opts.packed)
+        opts.log(f"gptq layer {index}: " + ", ".join(
+            f"{n.rsplit('.', 1)[-1]}={v:.4g}" for n, v in losses.items() if v is not None))
+        return losses
+
+    with torch.no_grad():
+        logs = sequential_quantize(
+            model, spec, calib, one_layer, device=opts.device, batch_size=CALIB_BATCH,
+            progress=opts.progress, desc="gptq", work_dir=opts.work_dir, resume=opts.resume,
+            fingerprint=fingerprint(model, cfg, calib, opts.packed),
+            store_dtype=None if store == model_dtype else store,
+        )
+    return {f"{spec.layers_path}.{index}.{name}": loss
+            for index, per_layer in logs.items() for name, loss in per_layer.items()}
+
+
+METHODS.register("gptq", QuantMethod("gptq", GPTQConfig, True, run_gptq))

@@ -1,0 +1,98 @@
+"""The second-order statistics GPTQ works from: H = 2 X X^T / n and its damped inverse.
+
+Pure tensor functions; callers own the hooks that feed them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from qcal.errors import NumericalError
+
+# Each failed Cholesky multiplies damp_percent by this, up to MAX_DAMP_PERCENT
+# (a damp of the full mean diagonal; beyond that GPTQ degenerates towards RTN).
+DAMP_GROWTH = 10.0
+MAX_DAMP_PERCENT = 1.0
+
+
+def accumulate_hessian(
+    inp: torch.Tensor, hessian: torch.Tensor | None, n: int
+) -> tuple[torch.Tensor, int]:
+    """Fold a batch of inputs `inp` [..., in] into the running mean H = 2/n * sum x x^T.
+
+    Returns (H, n) with n counting tokens. Rows are scaled by sqrt(2 / n_total) before
+    the product, so H stays a float32 mean of O(|x|^2) whatever the token count.
+    """
+    x = inp.reshape(-1, inp.shape[-1])
+    tokens = x.shape[0]
+    if hessian is None:
+        hessian = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float32, device=x.device)
+    if tokens == 0:
+        return hessian, n
+    total = n + tokens
+    hessian.mul_(n / total)
+    x = x.to(torch.float32) * math.sqrt(2.0 / total)
+    hessian.addmm_(x.T, x)
+    return hessian, total
+
+
+def check_hessian(hessian: torch.Tensor, name: str = "layer") -> None:
+    """Raise NumericalError if H holds NaN/Inf (they come from the activations)."""
+    if not bool(torch.isfinite(hessian).all()):
+        raise NumericalError(
+            f"the calibration activations entering {name} contain NaN or Inf; check the model "
+            "weights (does the float model produce finite logits?) and the calibration data, "
+            "or run in float32"
+        )
+
+
+def dead_columns(hessian: torch.Tensor) -> torch.Tensor:
+    """Bool mask [in] of input channels that were exactly zero on every calibration token."""
+    return hessian.diagonal() == 0
+
+
+def inverse_cholesky(
+    hessian: torch.Tensor, damp_percent: float, name: str = "layer",
+    max_damp_percent: float = MAX_DAMP_PERCENT,
+) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor U of (H + damp * mean(diag H) * I)^-1, and the damp used.
+
+    When H + damp is not positive definite in float32, damp_percent grows by
+    DAMP_GROWTH up to `max_damp_percent`; past that a NumericalError says so.
+    Dead channels must already have a non-zero diagonal (see `dead_columns`).
+    """
+    check_hessian(hessian, name)
+    mean_diag = float(hessian.diagonal().mean())
+    if mean_diag <= 0:
+        raise NumericalError(
+            f"the Hessian of {name} has no positive diagonal entries (all inputs are zero); "
+            "check the calibration data reaches this layer"
+        )
+    damp = damp_percent
+    while True:
+        damped = hessian.clone()
+        damped.diagonal().add_(damp * mean_diag)
+        lower, info = torch.linalg.cholesky_ex(damped)
+        if int(info) == 0:
+            inv = torch.cholesky_inverse(lower)
+            del lower
+            upper, info = torch.linalg.cholesky_ex(inv, upper=True)
+            if int(info) == 0 and bool(torch.isfinite(upper).all()):
+                return upper, damp
+        if damp * DAMP_GROWTH > max_damp_percent * (1 + 1e-9):
+            break
+        damp *= DAMP_GROWTH
+    raise NumericalError(
+        f"the Hessian of {name} is not positive definite even with damp_percent={damp:g}; "
+        "pass a larger --damp (e.g. 0.1), use more calibration samples (--nsamples), or check "
+        "the calibration activations for degenerate values"
+    )
+
+
+def hessian_loss(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> float:
+    """tr(D H D^T) / 2 with D = W - Q: with H from `accumulate_hessian`, the mean over
+    calibration tokens of the squared output error ||(W - Q) x||^2 (summed over outputs)."""
+    d = weight.float() - quantized.float()
+    return float(((d @ hessian) * d).sum()) / 2.0
