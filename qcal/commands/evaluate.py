@@ -1,17 +1,24 @@
-"""`qcal eval`: perplexity per language (and, where built, lm-eval tasks and calibration)."""
+"""`qcal eval`: perplexity per language, lm-eval tasks, confidence calibration, drift vs base."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("eval", help="evaluate a float model or a qcal checkpoint")
+    p = sub.add_parser(
+        "eval", help="evaluate a float model or a qcal checkpoint",
+        description="Perplexity on held-out text (the default), lm-eval tasks (--tasks), "
+                    "confidence calibration (--calibration) and drift from a float base (--base).")
     p.add_argument("--model", default=None, help="model dir or checkpoint (default: embedded)")
-    p.add_argument("--ppl", action="store_true", help="perplexity on held-out text (default)")
+    p.add_argument("--base", default=None,
+                   help="float model the checkpoint came from: adds KL/JS, metric deltas, flips")
+    p.add_argument("--ppl", action="store_true",
+                   help="perplexity on held-out text (default when no --tasks)")
     p.add_argument("--langs", default="en", help="comma-separated languages, or 'all'")
     p.add_argument("--source", default="debian-handbook", help="packaged corpus")
     p.add_argument("--text", type=Path, default=None, help="evaluate on this text file instead")
@@ -19,24 +26,88 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stride", type=int, default=None, help="sliding-window mode")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--max-windows", type=int, default=None, help="cap windows per language")
-    p.add_argument("-o", "--output", type=Path, default=None, help="write results JSON here")
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated lm-eval tasks: local (qcal_nextsent_en, ...) or standard")
+    p.add_argument("--include-path", type=Path, action="append", default=[],
+                   help="extra directory of lm-eval task YAMLs (repeatable)")
+    p.add_argument("--limit", type=int, default=None, help="first N items per task")
+    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--task-batch-size", type=int, default=16)
+    p.add_argument("--calibration", action="store_true",
+                   help="confidence metrics (ECE, Brier, NLL, ...) and a reliability diagram")
+    p.add_argument("--ece-bins", type=int, default=15)
+    p.add_argument("--list-tasks", action="store_true", help="list the local tasks and exit")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="results stem: writes <stem>.json/.md (+ _reliability.png, _items.jsonl, "
+                        "_token_nll.safetensors)")
     p.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from qcal.data import available_languages
-    from qcal.pipeline import evaluate_perplexity
+def _command_line() -> str:
+    argv = sys.argv[1:] if Path(sys.argv[0]).name in ("qcal", "__main__.py", "cli.py") else None
+    return "qcal " + shlex.join(argv) if argv is not None else shlex.join(sys.argv)
 
-    langs = available_languages(args.source) if args.langs == "all" else args.langs.split(",")
-    result = evaluate_perplexity(args.model, langs, args.seqlen, args.stride, args.batch_size,
-                                 args.max_windows, args.text, args.source)
-    text = json.dumps(result, indent=2)
+
+def run(args: argparse.Namespace) -> int:
+    from qcal.config import EvalConfig
+    from qcal.eval.job import run_evaluation
+
+    if args.list_tasks:
+        from qcal.eval.local_tasks import local_task_names
+
+        print("\n".join(local_task_names()))
+        return 0
+    tasks = tuple(t for t in (args.tasks or "").split(",") if t.strip())
+    ppl = args.ppl or not tasks
+    langs: tuple[str, ...] = ()
+    if ppl and args.text is None:
+        if args.langs == "all":
+            from qcal.data import available_languages
+
+            langs = tuple(available_languages(args.source))
+        else:
+            langs = tuple(x.strip() for x in args.langs.split(",") if x.strip())
+    cfg = EvalConfig(seqlen=args.seqlen, stride=args.stride, batch_size=args.batch_size,
+                     max_windows=args.max_windows, langs=langs, ppl=ppl, source=args.source,
+                     tasks=tasks, limit=args.limit, num_fewshot=args.num_fewshot,
+                     task_batch_size=args.task_batch_size, calibration=args.calibration,
+                     ece_bins=args.ece_bins)
+    outcome = run_evaluation(args.model, cfg, base=args.base, text_file=args.text,
+                             include_paths=args.include_path)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.output.with_suffix(args.output.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.output)
-    print(f"{'lang':>6}  {'ppl':>10}  {'tokens':>8}")
-    for lang, row in result["perplexity"].items():
-        print(f"{lang:>6}  {row['ppl']:>10.3f}  {row['tokens']:>8}")
+        from qcal.eval.report import write_outputs
+
+        for what, path in write_outputs(args.output, outcome, _command_line()).items():
+            print(f"wrote {what}: {path}")
+    _print_summary(outcome.data)
     return 0
+
+
+def _print_summary(data: dict[str, Any]) -> None:
+    ppl = data.get("perplexity")
+    if ppl:
+        has_base = bool(ppl.get("base"))
+        print(f"{'lang':>6}  {'ppl':>10}  {'tokens':>8}" + ("  base ppl      KL mean" if has_base
+                                                             else ""))
+        for lang, row in ppl["model"].items():
+            extra = ""
+            if has_base:
+                extra = (f"  {ppl['base'][lang]['ppl']:>8.3f}  "
+                         f"{ppl['divergence'][lang]['kl_mean']:>11.5f}")
+            print(f"{lang:>6}  {row['ppl']:>10.3f}  {row['tokens']:>8}{extra}")
+    lm = data.get("lm_eval")
+    if lm:
+        for role, res in lm["results"].items():
+            for task, m in res.items():
+                acc, accn = m.get("acc,none"), m.get("acc_norm,none")
+                print(f"{role:>6} {task}: acc {acc if acc is None else f'{acc:.4f}'}"
+                      f"  acc_norm {accn if accn is None else f'{accn:.4f}'}")
+    for task, per in (data.get("calibration") or {}).items():
+        for role, kinds in per.items():
+            m = kinds["raw"]
+            print(f"{role:>6} {task}: ECE {m['ece']:.4f}  conf_true {m['conf_true']:.4f}  "
+                  f"Brier {m['brier']:.4f}  NLL {m['nll']:.4f}")
+    for task, kinds in (data.get("drift") or {}).items():
+        d = kinds["raw"]
+        print(f" drift {task}: d conf_true {d['delta_conf_true']:+.4f} "
+              f"(p={d['ttest_conf_true'].get('p', float('nan')):.3g})  flip rate {d['flip_rate']:.3f}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +46,7 @@ def tokenize_text(tokenizer: Any, text: str) -> torch.Tensor:
     return ids.to(torch.long)
 
 
-def _windows(n_tokens: int, seqlen: int, stride: int | None) -> list[tuple[int, int, int]]:
+def window_spans(n_tokens: int, seqlen: int, stride: int | None) -> list[tuple[int, int, int]]:
     """(start, end, first scored position within window) for each window."""
     if stride is None:
         return [(s, s + seqlen, 1) for s in range(0, n_tokens - seqlen + 1, seqlen)]
@@ -76,7 +78,7 @@ def perplexity_of_ids(
     batch_size: int = 4, max_windows: int | None = None, progress: bool = True,
     desc: str = "ppl",
 ) -> PerplexityResult:
-    spans = _windows(ids.numel(), seqlen, stride)
+    spans = window_spans(ids.numel(), seqlen, stride)
     if max_windows is not None:
         spans = spans[:max_windows]
     if not spans:
@@ -118,3 +120,32 @@ def perplexity(
     """Perplexity of `model` on `text` (see module docstring for the two modes)."""
     ids = tokenize_text(tokenizer, text)
     return perplexity_of_ids(model, ids, seqlen, stride, batch_size, max_windows, progress, desc)
+
+
+def save_token_nll(path: Path | str, streams: dict[str, torch.Tensor],
+                   meta: dict[str, str] | None = None) -> Path:
+    """Write named token-NLL streams (e.g. "model/en", "base/en") as one safetensors file.
+
+    Streams computed over the same windows line up token by token, so two models can be
+    compared sample by sample (`load_token_nll` reads them back). Written atomically.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().float().contiguous().cpu() for k, v in streams.items()}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp), metadata=meta or {})
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_token_nll(path: Path | str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise ConfigError(f"token-NLL file {path} does not exist; write it with `qcal eval -o ...`")
+    return load_file(str(path))

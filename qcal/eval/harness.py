@@ -1,0 +1,179 @@
+"""lm-eval adapter: run tasks on an in-memory model and keep per-item log-likelihoods.
+
+The model object qcal loaded (float, or with `QuantLinear`s from a qcal checkpoint) is
+wrapped as lm-eval's `HFLM`, so the quantized kernels are what lm-eval scores. Tasks
+come from lm-eval's registry plus qcal's packaged local tasks (and any `include_paths`).
+Per-choice log-likelihoods are read back from lm-eval's own samples (`log_samples`), so
+the confidence metrics describe exactly the predictions behind lm-eval's `acc`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from qcal.errors import QcalError
+from qcal.eval.local_tasks import local_task_names, read_items, tasks_dir
+
+
+class TaskError(QcalError, ValueError):
+    """An lm-eval task is unknown or cannot be run."""
+
+
+@dataclasses.dataclass
+class ItemRecord:
+    """One multiple-choice item as lm-eval scored it."""
+
+    doc_id: int
+    lls: list[float]  # per-choice log-likelihood of the continuation
+    lengths: list[int]  # per-choice character length (lm-eval's acc_norm divisor)
+    gold: int
+
+
+@dataclasses.dataclass
+class HarnessRun:
+    metrics: dict[str, dict[str, Any]]  # lm-eval's results per task / group
+    items: dict[str, list[ItemRecord]]  # multiple-choice tasks only
+    info: dict[str, Any]  # lm-eval version, n-shot, task versions
+
+
+def offline_env() -> None:
+    """The Hub is unreachable by design: make HF libraries fail fast instead of retrying."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def task_manager(include_paths: Sequence[Path | str] = ()) -> Any:
+    offline_env()
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(tasks_dir()), *(str(p) for p in include_paths)]
+    for p in paths[1:]:
+        if not Path(p).is_dir():
+            raise TaskError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
+    return TaskManager(include_path=paths, verbosity="ERROR")
+
+
+def _local_names(include_paths: Sequence[Path | str]) -> list[str]:
+    names = set(local_task_names())
+    for p in include_paths:
+        names.update(local_task_names(Path(p)))
+    return sorted(names)
+
+
+def _check_entry_data(name: str, cfg: dict[str, Any], tm: Any, seen: set[str]) -> None:
+    """Fail early (before any model loads) on a local task whose item file is unusable."""
+    if name in seen:
+        return
+    seen.add(name)
+    for sub in cfg.get("task", []) if isinstance(cfg.get("task"), list) else []:
+        if isinstance(sub, str) and sub in tm.task_index:
+            _check_entry_data(sub, tm.task_index[sub].cfg or {}, tm, seen)
+    kwargs = cfg.get("dataset_kwargs") or {}
+    yaml_path = tm.task_index[name].yaml_path if name in tm.task_index else None
+    if cfg.get("custom_dataset") and "file" in kwargs and yaml_path is not None:
+        path = Path(kwargs["file"])
+        read_items(path if path.is_absolute() else Path(yaml_path).parent / path)
+    elif cfg.get("dataset_path") == "json":
+        files = kwargs.get("data_files") or {}
+        for f in files.values() if isinstance(files, dict) else [files]:
+            for one in f if isinstance(f, list) else [f]:
+                if not Path(one).is_file() or Path(one).stat().st_size == 0:
+                    raise TaskError(f"task {name}: item file {one} is missing or empty; "
+                                    "fix dataset_kwargs.data_files in its YAML")
+
+
+def resolve_tasks(names: Sequence[str], tm: Any, include_paths: Sequence[Path | str] = ()
+                  ) -> list[str]:
+    """Check every name against lm-eval's index; unknown names list the local tasks."""
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise TaskError("--tasks is empty; name at least one task, e.g. qcal_nextsent_en")
+    unknown = [n for n in names if n not in tm.all_tasks]
+    if unknown:
+        local = ", ".join(_local_names(include_paths)) or "none"
+        raise TaskError(
+            f"unknown lm-eval task(s) {unknown}; local tasks (offline): {local}. Standard "
+            "lm-eval names work too where their data is cached (list them with "
+            "`lm_eval ls tasks`); your own YAMLs need --include-path DIR"
+        )
+    seen: set[str] = set()
+    for n in names:
+        if n in tm.task_index:
+            _check_entry_data(n, tm.task_index[n].cfg or {}, tm, seen)
+    return names
+
+
+def _choice_texts(sample: dict[str, Any], delimiter: str) -> list[str]:
+    conts = [arg[1] for arg in sample["arguments"]]
+    return [c[len(delimiter):] if delimiter and c.startswith(delimiter) else c for c in conts]
+
+
+def _gold_index(target: Any, choices: list[str]) -> int:
+    if isinstance(target, list):
+        # Several correct answers: lm-eval's acc counts any; confidence uses the first.
+        target = target[0]
+    if isinstance(target, str):
+        if target.strip().isdigit():
+            return int(target)
+        if target in choices:
+            return choices.index(target)
+        raise TaskError(f"gold answer {target!r} is not one of the choices {choices}")
+    return int(target)
+
+
+def extract_items(samples: list[dict[str, Any]], config: dict[str, Any]) -> list[ItemRecord]:
+    """Per-item records from lm-eval's logged samples of one multiple-choice task."""
+    delimiter = config.get("target_delimiter", " ")
+    out = []
+    for s in samples:
+        choices = _choice_texts(s, delimiter)
+        lls = [float(r[0]) for r in s["filtered_resps"]][: len(choices)]
+        out.append(ItemRecord(int(s["doc_id"]), lls, [len(c) for c in choices],
+                              _gold_index(s["target"], choices)))
+    return sorted(out, key=lambda r: r.doc_id)
+
+
+def run_tasks(
+    model: nn.Module, tokenizer: Any, tasks: Sequence[str], tm: Any, batch_size: int = 16,
+    limit: int | None = None, num_fewshot: int | None = None, desc: str = "",
+) -> HarnessRun:
+    """lm_eval.simple_evaluate on `model` (already in memory); items kept per task."""
+    offline_env()
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    if desc:
+        print(f"lm-eval [{desc}]: {', '.join(tasks)}", flush=True)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+              device=str(next(model.parameters()).device))
+    try:
+        out = simple_evaluate(model=lm, tasks=list(tasks), task_manager=tm, limit=limit,
+                              num_fewshot=num_fewshot, log_samples=True, bootstrap_iters=1000,
+                              verbosity="ERROR")
+    except QcalError:
+        raise
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        raise TaskError(f"lm-eval could not run {list(tasks)}: {err!r}. For a standard task, "
+                        "its dataset must be in the local HF cache (the Hub is offline)") from None
+    if out is None:
+        raise TaskError("lm-eval returned no results (non-zero rank?); run in a single process")
+    items: dict[str, list[ItemRecord]] = {}
+    for name, samples in out.get("samples", {}).items():
+        cfg = out["configs"].get(name, {})
+        if cfg.get("output_type") == "multiple_choice":
+            if not samples:
+                raise TaskError(f"task {name} produced no items; check its item file and --limit")
+            items[name] = extract_items(samples, cfg)
+    metrics = {
+        name: {k: v for k, v in res.items() if k not in ("name", "alias") and v != "N/A"}
+        for name, res in out["results"].items()
+    }
+    info = {"lm_eval_version": out.get("lm_eval_version"), "n_shot": out.get("n-shot"),
+            "versions": out.get("versions"), "n_samples": out.get("n-samples")}
+    return HarnessRun(metrics, items, info)
