@@ -1,0 +1,104 @@
+"""Saved calibration sets: ``<dir>/input_ids.safetensors`` + ``<dir>/manifest.json``.
+
+Sets live under ``calib_sets/`` at the repository root (``$QCAL_CALIB_DIR`` overrides)
+and are referred to by directory path or by name inside that folder. Saving is
+atomic (a temp sibling directory renamed into place); loading re-computes the
+digest, so a set whose ids were edited or truncated is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qcal.calib.base import CalibSetError, content_digest
+
+if TYPE_CHECKING:
+    from qcal.calib.base import CalibSet
+
+IDS_FILE = "input_ids.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+
+def calib_sets_dir() -> Path:
+    from qcal.paths import repo_root
+
+    return Path(os.environ.get("QCAL_CALIB_DIR", repo_root() / "calib_sets"))
+
+
+def is_calib_set(path: Path | str) -> bool:
+    p = Path(path)
+    return (p / MANIFEST_FILE).is_file() and (p / IDS_FILE).is_file()
+
+
+def find_calib_set(name: str | Path) -> Path | None:
+    """The directory of a saved set given as a path or a name under calib_sets/, else None."""
+    p = Path(name).expanduser()
+    if is_calib_set(p):
+        return p
+    named = calib_sets_dir() / str(name)
+    return named if is_calib_set(named) else None
+
+
+def save_calib_set(calib: CalibSet, out_dir: Path) -> Path:
+    from safetensors.torch import save_file
+
+    from qcal.packing.checkpoint import write_dir_atomically
+
+    def fill(tmp: Path) -> None:
+        save_file({"input_ids": calib.input_ids.contiguous()}, str(tmp / IDS_FILE),
+                  metadata={"digest": calib.digest})
+        (tmp / MANIFEST_FILE).write_text(json.dumps(calib.manifest, indent=2, ensure_ascii=False)
+                                         + "\n", encoding="utf-8")
+
+    write_dir_atomically(Path(out_dir), fill)
+    return Path(out_dir)
+
+
+def load_calib_set(path: Path) -> CalibSet:
+    from safetensors.torch import load_file
+
+    from qcal.calib.base import CalibSet
+
+    found = find_calib_set(path)
+    if found is None:
+        raise CalibSetError(
+            f"no calibration set at {path} (expected {IDS_FILE} and {MANIFEST_FILE}); build one "
+            "with `qcal calib build ... -o DIR` or see `qcal calib list`"
+        )
+    try:
+        manifest = json.loads((found / MANIFEST_FILE).read_text(encoding="utf-8"))
+        ids = load_file(str(found / IDS_FILE))["input_ids"]
+    except (OSError, ValueError, KeyError) as err:
+        raise CalibSetError(f"calibration set {found} is unreadable ({err}); rebuild it") from None
+    expected = content_digest(ids, manifest.get("selector", ""), manifest.get("params", {}),
+                              manifest.get("seed", 0))
+    if manifest.get("digest") != expected:
+        raise CalibSetError(f"calibration set {found} fails its digest check (ids or manifest "
+                            "changed after saving); rebuild it with `qcal calib build`")
+    return CalibSet(ids, manifest)
+
+
+def list_calib_sets(root: Path | None = None) -> list[dict[str, Any]]:
+    """One summary row per saved set under `root` (default calib_sets/)."""
+    root = Path(root) if root is not None else calib_sets_dir()
+    rows = []
+    if not root.is_dir():
+        return rows
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not is_calib_set(d):
+            continue
+        try:
+            m = json.loads((d / MANIFEST_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            rows.append({"name": d.name, "path": str(d), "error": "unreadable manifest"})
+            continue
+        stats = m.get("statistics", {})
+        rows.append({"name": d.name, "path": str(d), "selector": m.get("selector"),
+                     "params": m.get("params"), "nsamples": m.get("nsamples"),
+                     "seqlen": m.get("seqlen"), "seed": m.get("seed"), "source": m.get("source"),
+                     "types": stats.get("types"), "languages": stats.get("per_language_tokens"),
+                     "digest": str(m.get("digest", ""))[:12]})
+    return rows

@@ -1,0 +1,144 @@
+"""`qcal calib build|show|list`: build, inspect and list saved calibration sets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("calib", help="build, show and list calibration sets")
+    csub = p.add_subparsers(dest="calib_command", required=True)
+
+    b = csub.add_parser("build", help="select a calibration set and save it with its manifest")
+    b.add_argument("--selector", default="random",
+                   help="random, zipf[:invfreq], perplexity[:low|high|middle], multilingual, "
+                        "ml:<lang>, mix:uniform, mix:en=0.5,de=0.5, mix:<named mix>")
+    b.add_argument("--source", default="debian-handbook",
+                   help="packaged corpus name, text/JSONL file, or hf:<dataset> (see qcal.data)")
+    b.add_argument("--model", default=None, help="model dir whose tokenizer is used (default model)")
+    b.add_argument("--n", type=int, default=128, help="number of windows")
+    b.add_argument("--seqlen", type=int, default=512, help="tokens per window")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--langs", default=None, help="comma-separated languages to draw from (en,de,fr)")
+    b.add_argument("--weights", default=None, help="multilingual: comma-separated weights per --langs")
+    b.add_argument("--mix", default=None, help="multilingual: 'uniform' or a named mix (study10, ...)")
+    b.add_argument("--inner", default=None, help="multilingual: selector inside each language")
+    b.add_argument("--mode", default=None, help="perplexity: low, high or middle")
+    b.add_argument("--objective", default=None, help="zipf: coverage (default) or invfreq")
+    b.add_argument("--pool-size", type=int, default=None, help="zipf: random eligible pool per step")
+    b.add_argument("--ref-model", default=None, help="perplexity: float reference model dir")
+    b.add_argument("--batch-size", type=int, default=None, help="perplexity: scoring batch size")
+    b.add_argument("--score-tokens", type=int, default=None,
+                   help="perplexity: score only the first K tokens of each window")
+    b.add_argument("--max-candidates", type=int, default=None,
+                   help="perplexity: score a seeded random subset of this many windows")
+    b.add_argument("--no-pack", action="store_true",
+                   help="reject documents shorter than seqlen instead of packing them")
+    b.add_argument("--max-windows-per-doc", type=int, default=None)
+    b.add_argument("-o", "--output", type=Path, default=None,
+                   help="output dir (default calib_sets/<selector>-<source>-n<N>-s<seqlen>-seed<S>)")
+    b.set_defaults(handler=run_build)
+
+    s = csub.add_parser("show", help="print a saved set's manifest")
+    s.add_argument("name", help="set directory or name under calib_sets/")
+    s.add_argument("--full", action="store_true", help="include the per-sample list")
+    s.set_defaults(handler=run_show)
+
+    ls = csub.add_parser("list", help="list saved sets under calib_sets/")
+    ls.add_argument("--dir", type=Path, default=None, help="folder to list (default calib_sets/)")
+    ls.set_defaults(handler=run_list)
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+
+
+def selector_options(args: argparse.Namespace) -> tuple[str, dict[str, Any], list[str] | None]:
+    """(selector string, options, languages to load) from the build arguments."""
+    from qcal.errors import ConfigError
+
+    selector = args.selector
+    langs = _csv(args.langs)
+    options: dict[str, Any] = {"mode": args.mode, "objective": args.objective,
+                               "pool_size": args.pool_size, "ref_model": args.ref_model,
+                               "batch_size": args.batch_size, "score_tokens": args.score_tokens,
+                               "max_candidates": args.max_candidates, "inner": args.inner}
+    if args.weights or args.mix:
+        if selector != "multilingual":
+            raise ConfigError("--weights/--mix need --selector multilingual")
+        if args.mix:
+            selector = f"mix:{args.mix}"
+        else:
+            weights = [float(w) for w in _csv(args.weights) or []]
+            if not langs or len(weights) != len(langs):
+                raise ConfigError("--weights needs --langs with one weight per language")
+            options["weights"] = tuple(weights)
+    if selector == "multilingual" or selector.startswith("mix:"):
+        options["langs"] = tuple(langs) if langs else None
+    return selector, options, langs
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from qcal.calib import build_calib, calib_sets_dir, parse_selector
+    from qcal.calib.build import source_languages
+    from qcal.data import resolve_source
+    from qcal.model.loading import load_tokenizer, resolve_model_dir
+
+    selector, options, langs = selector_options(args)
+    sel = parse_selector(selector, **options)
+    langs = source_languages(args.source, sel, langs)
+    tokenizer = load_tokenizer(resolve_model_dir(args.model))
+    docs = resolve_source(args.source, split="calib", langs=langs)
+    calib = build_calib(docs, tokenizer, args.n, args.seqlen, args.seed, sel, source=args.source,
+                        pack=not args.no_pack, max_windows_per_doc=args.max_windows_per_doc,
+                        source_langs=langs)
+    src = Path(args.source).stem if Path(args.source).exists() else args.source.replace(":", "-")
+    name = f"{selector.replace(':', '-').replace(',', '_').replace('=', '')}-{src}"
+    out = args.output or calib_sets_dir() / f"{name}-n{args.n}-s{args.seqlen}-seed{args.seed}"
+    calib.save(out)
+    st = calib.manifest["statistics"]
+    print(json.dumps({"output": str(out), "selector": calib.manifest["selector"],
+                      "params": calib.manifest["params"], "nsamples": calib.nsamples,
+                      "seqlen": calib.seqlen, "types": st["types"],
+                      "type_token_ratio": st["type_token_ratio"], "zipf": st["zipf"],
+                      "per_language_tokens": st["per_language_tokens"],
+                      "digest": calib.digest}, indent=2))
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from qcal.calib.base import CalibSetError
+    from qcal.calib.io import MANIFEST_FILE, find_calib_set
+
+    path = find_calib_set(args.name)
+    if path is None:
+        raise CalibSetError(f"no calibration set {args.name!r} (a directory or a name under "
+                            "calib_sets/); see `qcal calib list`")
+    manifest = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+    if not args.full:
+        samples = manifest.pop("samples", [])
+        manifest["samples"] = f"{len(samples)} samples (use --full to list their documents)"
+    print(json.dumps({"path": str(path), **manifest}, indent=2, ensure_ascii=False))
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from qcal.calib import calib_sets_dir, list_calib_sets
+
+    root = args.dir or calib_sets_dir()
+    rows = list_calib_sets(root)
+    if not rows:
+        print(f"no calibration sets under {root}; build one with `qcal calib build`")
+        return 0
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']}: {r['error']}")
+            continue
+        langs = ",".join(r.get("languages") or {})
+        print(f"{r['name']}: {r['selector']} {json.dumps(r['params'])} n={r['nsamples']} "
+              f"seqlen={r['seqlen']} seed={r['seed']} source={r['source']} langs={langs} "
+              f"types={r['types']} digest={r['digest']}")
+    return 0
