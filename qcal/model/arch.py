@@ -51,6 +51,9 @@ class ArchSpec:
     )
     # Norms whose weight multiplies as (1 + w) (Gemma) cannot absorb a scale by plain division.
     norm_offset: float = 0.0
+    # AWQ leaves these unclipped: their outputs meet in a softmax, where a linear-output
+    # MSE says little about the error that matters (the reference code skips them too).
+    awq_clip_skip: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj")
 
     @property
     def linear_names(self) -> tuple[str, ...]:
@@ -62,7 +65,16 @@ LLAMA_LIKE = ArchSpec()
 ARCHS: Registry[ArchSpec] = Registry("architecture")
 for _cls in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
     ARCHS.register(_cls, LLAMA_LIKE)
-ARCHS.register("Gemma3ForCausalLM", dataclasses.replace(LLAMA_LIKE, norm_offset=1.0))
+# Gemma3's post_attention_layernorm normalises the attention *output*; the MLP's
+# input comes from pre_feedforward_layernorm, so that is where AWQ's MLP scale folds.
+ARCHS.register("Gemma3ForCausalLM", dataclasses.replace(
+    LLAMA_LIKE, norm_offset=1.0,
+    scale_groups=(
+        LLAMA_LIKE.scale_groups[0], LLAMA_LIKE.scale_groups[1],
+        ScaleGroup("pre_feedforward_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
+        LLAMA_LIKE.scale_groups[3],
+    ),
+))
 
 
 def arch_for(model: nn.Module) -> ArchSpec:

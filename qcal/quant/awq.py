@@ -1,0 +1,213 @@
+"""AWQ (activation-aware weight quantization) as pure tensor functions.
+
+The method, as the reference code runs it: for a group of linears fed by one op,
+s_x = mean |x| per input channel; for ratio in {0, 1/n, ..., (n-1)/n} the candidate
+scale is s = s_x^ratio (or, with duo scaling, s_x^ratio / s_w^(1 - ratio)),
+normalised by sqrt(max(s) * min(s)); the weights become Q(W * s) / s and the
+candidate's loss is the MSE of the block's output against the float block. The
+best s is folded into the preceding op (x / s) and the linears' columns (W * s),
+which leaves the float function unchanged. A clip search then shrinks each
+group's |w| threshold to max * (1 - i/n) for i < max_shrink * n, scored on the
+output of the linear over a subsample of tokens; the final weights are RTN of
+the clipped, scaled weights on the usual min/max grid.
+
+Ratio 0 is s = 1, plain RTN, so the chosen scale never scores worse than RTN on
+the block loss. Nothing here knows about models: the block is a callable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+
+from qcal.config import QuantScheme
+from qcal.errors import NumericalError
+from qcal.quant import grid
+
+# Floor on candidate scales so a dead input channel cannot produce 0 or inf.
+MIN_SCALE = 1e-4
+
+BlockLoss = Callable[[Mapping[str, torch.Tensor]], float]
+
+
+def channel_abs_mean(xs: Iterable[torch.Tensor]) -> torch.Tensor:
+    """s_x: mean |x| per input channel (last dim) over every token of every batch."""
+    total: torch.Tensor | None = None
+    count = 0
+    for x in xs:
+        flat = x.reshape(-1, x.shape[-1]).float()
+        part = flat.abs().sum(dim=0)
+        total = part if total is None else total + part.to(total.device)
+        count += flat.shape[0]
+    if total is None or count == 0:
+        raise NumericalError("no activations to compute AWQ statistics from; pass calibration data")
+    return total / count
+
+
+def weight_channel_mean(weights: Iterable[torch.Tensor], scheme: QuantScheme) -> torch.Tensor:
+    """s_w for duo scaling: |W| relative to its group's max, averaged per input channel."""
+    rows = []
+    for w in weights:
+        out_f, in_f = w.shape
+        g = scheme.effective_group(in_f)
+        groups = -(-in_f // g)
+        wp = torch.nn.functional.pad(w.float().abs(), (0, groups * g - in_f)).reshape(out_f, groups, g)
+        rel = wp / wp.amax(dim=-1, keepdim=True).clamp(min=1e-12)
+        rows.append(rel.reshape(out_f, groups * g)[:, :in_f])
+    return torch.cat(rows, dim=0).mean(dim=0)
+
+
+def ratio_grid(points: int) -> list[float]:
+    """{0, 1/n, ..., (n-1)/n}: the exponents tried for s_x."""
+    return [i / points for i in range(points)]
+
+
+def candidate_scale(x_mean: torch.Tensor, ratio: float,
+                    w_mean: torch.Tensor | None = None) -> torch.Tensor:
+    """s = s_x^ratio (/ s_w^(1-ratio) with duo scaling), normalised by sqrt(max * min)."""
+    s = x_mean.float().pow(ratio)
+    if w_mean is not None:
+        s = s / w_mean.float().pow(1 - ratio).clamp(min=MIN_SCALE)
+    s = s.clamp(min=MIN_SCALE)
+    s = s / torch.sqrt(s.max() * s.min())
+    if not torch.isfinite(s).all():
+        raise NumericalError("AWQ produced non-finite scales; the activations contain NaN or inf")
+    return s
+
+
+def fake_quant(w: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """RTN quantize-dequantize on the per-group min/max grid (float32 result).
+
+    Same values as `rtn_quantize(w).dequantize()`, computed on the grouped view
+    without gathering per-element scales: this runs 20 times per scale group.
+    """
+    out_f, in_f = w.shape
+    q = _fake_quant_groups(_grouped(w.float(), scheme.effective_group(in_f)), scheme)
+    return q.reshape(out_f, -1)[:, :in_f]
+
+
+def scaled_fake_quant(w: torch.Tensor, s: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """Q(W * s) / s: what the linear computes on the unscaled input once s is folded."""
+    return fake_quant(w.float() * s, scheme) / s
+
+
+@dataclasses.dataclass
+class ScaleSearch:
+    """The chosen scale and the loss curve over the ratio grid (losses[0] is plain RTN)."""
+
+    scale: torch.Tensor
+    ratio: float
+    loss: float
+    losses: list[float]
+
+    @property
+    def rtn_loss(self) -> float:
+        return self.losses[0]
+
+
+def search_scale(
+    x_mean: torch.Tensor, weights: Mapping[str, torch.Tensor], block_loss: BlockLoss,
+    scheme: QuantScheme, grid_points: int = 20, w_mean: torch.Tensor | None = None,
+) -> ScaleSearch:
+    """Try every ratio; `block_loss(fake_weights)` scores the block with those weights swapped in."""
+    losses: list[float] = []
+    best: ScaleSearch | None = None
+    for ratio in ratio_grid(grid_points):
+        s = candidate_scale(x_mean, ratio, w_mean)
+        fake = {name: scaled_fake_quant(w, s.to(w.device), scheme).to(w.dtype)
+                for name, w in weights.items()}
+        loss = float(block_loss(fake))
+        if not math.isfinite(loss):
+            raise NumericalError(f"AWQ block loss is {loss} at ratio {ratio}; check the inputs")
+        losses.append(loss)
+        if best is None or loss < best.loss:
+            best = ScaleSearch(s, ratio, loss, losses)
+    assert best is not None
+    best.losses = losses
+    return best
+
+
+def subsample_tokens(xs: Iterable[torch.Tensor], n_tokens: int) -> torch.Tensor:
+    """Every k-th token of the flattened activations so that about `n_tokens` remain."""
+    flat = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs], dim=0)
+    step = max(1, flat.shape[0] // n_tokens)
+    return flat[::step][:n_tokens].float()
+
+
+def _grouped(w: torch.Tensor, g: int) -> torch.Tensor:
+    """[out, in] -> [out, groups, g], zero-padding a ragged last group."""
+    out_f, in_f = w.shape
+    groups = -(-in_f // g)
+    if groups * g != in_f:
+        w = torch.nn.functional.pad(w, (0, groups * g - in_f))
+    return w.reshape(out_f, groups, g)
+
+
+def _fake_quant_groups(wg: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """Quantize-dequantize each [.., g] row of a grouped weight on its own min/max grid."""
+    rows = wg.reshape(-1, wg.shape[-1])
+    scale, zero = grid.find_params(rows, scheme.bits, scheme.sym)
+    scale, zero = scale[:, None], zero[:, None]
+    # grid.fake_quantize's arithmetic, in place: the searches call this hundreds of times.
+    q = rows.div(scale).round_().add_(zero).clamp_(0, scheme.maxq).sub_(zero).mul_(scale)
+    return q.reshape(wg.shape)
+
+
+@torch.no_grad()
+def search_clip(
+    w: torch.Tensor, x: torch.Tensor, scheme: QuantScheme, grid_points: int = 20,
+    max_shrink: float = 0.5, out_batch: int = 256,
+) -> torch.Tensor:
+    """Per (output row, group) |w| threshold [out, groups] minimising the output MSE on x [n, in].
+
+    Candidates are max|w| * (1 - i/grid_points) for i < max_shrink * grid_points.
+    """
+    g = scheme.effective_group(w.shape[1])
+    xg = _grouped(x.float(), g)  # [n, groups, g]
+    steps = int(max_shrink * grid_points)
+    best_vals = []
+    for start in range(0, w.shape[0], out_batch):
+        wg = _grouped(w[start:start + out_batch].float(), g)  # [o, groups, g]
+        org_max = wg.abs().amax(dim=-1, keepdim=True)
+        org_out = torch.einsum("ogk,ngk->ong", wg, xg)
+        best_err = torch.full(wg.shape[:2], float("inf"), device=w.device)
+        best_max = org_max.squeeze(-1).clone()
+        for i in range(max(1, steps)):
+            max_val = org_max * (1 - i / grid_points)
+            q = _fake_quant_groups(torch.clamp(wg, -max_val, max_val), scheme)
+            err = (torch.einsum("ogk,ngk->ong", q, xg) - org_out).pow(2).mean(dim=1)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_max = torch.where(better, max_val.squeeze(-1), best_max)
+        best_vals.append(best_max)
+    return torch.cat(best_vals, dim=0)
+
+
+def apply_clip(w: torch.Tensor, max_val: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Clamp each group of `w` [out, in] to [-max_val, max_val] ([out, groups] thresholds)."""
+    g = w.shape[1] if group_size == -1 else group_size
+    bound = max_val.to(w.dtype).repeat_interleave(g, dim=1)[:, :w.shape[1]]
+    return torch.clamp(w, -bound, bound)
+
+
+def fold_into_norm(weight: torch.Tensor, bias: torch.Tensor | None, s: torch.Tensor,
+                   offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A norm y = x_hat * (offset + w) + b whose output must become y / s."""
+    s = s.to(weight.dtype)
+    new_w = (offset + weight) / s - offset
+    return new_w, None if bias is None else bias / s
+
+
+def fold_into_linear_out(weight: torch.Tensor, bias: torch.Tensor | None, s: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear [out, in] whose output must become y / s (s over out_features)."""
+    s = s.to(weight.dtype)
+    return weight / s[:, None], None if bias is None else bias / s
+
+
+def scale_linear_in(weight: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """A consumer linear [out, in] of x / s: columns times s keep its output unchanged."""
+    return weight * s.to(weight.dtype)[None, :]

@@ -1,0 +1,326 @@
+"""AWQ over a model: per-layer search on the shared sequential driver, a replayable
+search artifact, and registration as the "awq" method.
+
+Per decoder layer: capture the inputs of every linear from the layer as it stands,
+then for each `ScaleGroup` of the ArchSpec whose shapes allow it (with grouped-query
+attention v_proj's output is narrower than o_proj's input, so that pair is skipped)
+search the scale on the group's block and fold it into the previous op; then search
+per-group clip thresholds (skipping `awq_clip_skip`), clamp, and RTN-quantize every
+linear into a packed `QuantLinear`. The driver then runs the quantized layer to make
+the next layer's inputs.
+
+Checkpoint layout: AWQ's result is an ordinary min/max integer grid per group, so
+it is packed into the same GPTQ layout (`quant_method: "gptq"`, qzeros/scales/g_idx)
+as RTN and GPTQ, and loads with qcal's `QuantLinear` and GPTQ-layout loaders. The
+AWQ GEMM layout (AutoAWQ's interleaved packing) is not written.
+
+The search artifact (`awq_search.pt` in RunOptions.work_dir, or returned by
+`awq_quantize_model`) holds, per layer, the folded scales and the clip thresholds;
+`apply_awq_artifact` replays it on a float model without calibration data and
+yields the same quantized weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict, to_json
+from qcal.errors import CheckpointError, ConfigError
+from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
+from qcal.model.capture import LayerInputs, capture_linear_inputs
+from qcal.model.sequential import layer_linear, sequential_quantize
+from qcal.packing.qlinear import QuantLinear
+from qcal.quant import awq
+from qcal.quant.base import rtn_quantize
+from qcal.quant.methods import METHODS, QuantMethod, RunOptions, apply_result
+
+ARTIFACT_FORMAT = "qcal-awq-search"
+ARTIFACT_VERSION = 1
+ARTIFACT_NAME = "awq_search.pt"
+
+
+def _kwargs_to(kwargs: Mapping[str, Any], device: torch.device | str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            value = value.to(device)
+        elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
+            value = tuple(v.to(device) for v in value)
+        out[key] = value
+    return out
+
+
+def call_block(block: nn.Module, x: torch.Tensor, kwargs: Mapping[str, Any]) -> torch.Tensor:
+    """Run a block the way its decoder layer does: attention needs the rotary embeddings and
+    mask the layer received, an MLP or a linear takes only x."""
+    params = inspect.signature(block.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kw = dict(kwargs)
+    else:
+        kw = {k: v for k, v in kwargs.items() if k in params}
+    out = block(x, **kw)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _prev_width(prev: nn.Module, name: str) -> int:
+    if isinstance(prev, nn.Linear):
+        return prev.out_features
+    weight = getattr(prev, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        raise ConfigError(
+            f"AWQ cannot fold a scale into {name} ({type(prev).__name__}): it is neither a linear "
+            "nor a norm with a 1-d weight; fix the ArchSpec's scale_groups for this model"
+        )
+    return weight.shape[0]
+
+
+def group_applies(layer: nn.Module, group: ScaleGroup) -> bool:
+    """Whether the prev op's output width matches the linears' input (false for GQA v->o)."""
+    try:
+        prev = get_module(layer, group.prev_op)
+    except AttributeError:
+        raise ConfigError(
+            f"the layer has no module {group.prev_op!r} named by the ArchSpec's AWQ scale group; "
+            "register an ArchSpec for this architecture (qcal.model.arch.ARCHS)"
+        ) from None
+    width = _prev_width(prev, group.prev_op)
+    return all(layer_linear(layer, n).in_features == width for n in group.linears)
+
+
+@torch.no_grad()
+def fold_scale(layer: nn.Module, group: ScaleGroup, s: torch.Tensor, norm_offset: float = 0.0) -> None:
+    """prev_op's output becomes x / s and each linear's columns W * s: the float function is kept."""
+    prev = get_module(layer, group.prev_op)
+    width = _prev_width(prev, group.prev_op)
+    if s.numel() != width:
+        raise CheckpointError(
+            f"AWQ scale for {group.prev_op} has {s.numel()} entries but the op is {width} wide; "
+            "the artifact was made for a different model"
+        )
+    bias = getattr(prev, "bias", None)
+    if isinstance(prev, nn.Linear):
+        w, b = awq.fold_into_linear_out(prev.weight, bias, s)
+    else:
+        w, b = awq.fold_into_norm(prev.weight, bias, s, norm_offset)
+    prev.weight.copy_(w)
+    if b is not None:
+        bias.copy_(b)
+    for name in group.linears:
+        lin = layer_linear(layer, name)
+        lin.weight.copy_(awq.scale_linear_in(lin.weight, s))
+
+
+@torch.no_grad()
+def quantize_layer_weights(layer: nn.Module, spec: ArchSpec, scheme: QuantScheme,
+                           clips: Mapping[str, torch.Tensor], packed: bool = True,
+                           prefix: str = "") -> dict[str, torch.Tensor]:
+    """Clamp by the clip thresholds, RTN every linear, swap in QuantLinears; returns the
+    float weights each linear held just before rounding (clipped, scaled)."""
+    before: dict[str, torch.Tensor] = {}
+    for name in spec.linear_names:
+        lin = layer_linear(layer, name)
+        w = lin.weight.detach()
+        if name in clips:
+            w = awq.apply_clip(w, clips[name].to(w.device), scheme.effective_group(w.shape[1]))
+        before[name] = w
+        apply_result(layer, name, rtn_quantize(w, scheme, name=prefix + name), packed)
+    return before
+
+
+def _shared_inputs(spec: ArchSpec) -> dict[str, str]:
+    """Linear -> the linear whose captured input it shares (each sequential step shares one)."""
+    return {name: step[0] for step in spec.sequential for name in step}
+
+
+def _capture(layer: nn.Module, reps: list[str], inputs: LayerInputs,
+             kwargs: list[dict[str, Any]], device: str) -> dict[str, list[torch.Tensor]]:
+    feats: dict[str, list[torch.Tensor]] = {r: [] for r in reps}
+    dtype = next(layer.parameters()).dtype
+    with capture_linear_inputs(layer, reps, lambda n, x: feats[n].append(x)):
+        for hidden, kw in zip(inputs.hidden, kwargs, strict=True):
+            layer(hidden.to(device=device, dtype=dtype), **kw)
+    return feats
+
+
+def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.Tensor],
+                kwargs: list[dict[str, Any]], refs: list[torch.Tensor]) -> awq.BlockLoss:
+    def loss(fake: Mapping[str, torch.Tensor]) -> float:
+        originals = {n: m.weight.data for n, m in linears.items()}
+        total, count = 0.0, 0
+        try:
+            for n, m in linears.items():
+                m.weight.data = fake[n]
+            for x, kw, ref in zip(xs, kwargs, refs, strict=True):
+                out = call_block(block, x, kw)
+                total += float((out.float() - ref.float()).pow(2).sum())
+                count += ref.numel()
+        finally:
+            for n, m in linears.items():
+                m.weight.data = originals[n]
+        return total / max(count, 1)
+
+    return loss
+
+
+@torch.no_grad()
+def search_layer(layer: nn.Module, spec: ArchSpec, inputs: LayerInputs, cfg: AWQConfig,
+                 device: str = "cpu", prefix: str = "") -> tuple[dict[str, Any], dict[str, float]]:
+    """Search, fold and quantize one decoder layer in place; returns (artifact entry, losses)."""
+    kwargs = [_kwargs_to(kw, device) for kw in inputs.kwargs]
+    shared = _shared_inputs(spec)
+    reps = sorted(set(shared.values()))
+    feats = _capture(layer, reps, inputs, kwargs, device)
+    scales: list[dict[str, Any]] = []
+    for group in spec.scale_groups:
+        if not group_applies(layer, group):
+            continue
+        block = get_module(layer, group.block)
+        linears = {n: layer_linear(layer, n) for n in group.linears}
+        xs = feats[shared[group.linears[0]]]
+        refs = [call_block(block, x, kw) for x, kw in zip(xs, kwargs, strict=True)]
+        weights = {n: m.weight.detach().clone() for n, m in linears.items()}
+        w_mean = awq.weight_channel_mean(weights.values(), cfg.scheme) if cfg.duo_scaling else None
+        found = awq.search_scale(awq.channel_abs_mean(xs), weights,
+                                 _block_loss(block, linears, xs, kwargs, refs),
+                                 cfg.scheme, cfg.grid_points, w_mean)
+        del refs
+        fold_scale(layer, group, found.scale, spec.norm_offset)
+        s = found.scale.to(xs[0].dtype)
+        for rep in {shared[n] for n in group.linears}:
+            feats[rep] = [x / s.to(x.device) for x in feats[rep]]
+        scales.append({"prev_op": group.prev_op, "linears": list(group.linears),
+                       "scale": found.scale.cpu(), "ratio": found.ratio, "loss": found.loss,
+                       "rtn_loss": found.rtn_loss})
+    samples = {rep: awq.subsample_tokens(xs, cfg.clip_tokens) for rep, xs in feats.items()}
+    del feats
+    clips: dict[str, torch.Tensor] = {}
+    if cfg.clip_search:
+        for name in spec.linear_names:
+            if name in spec.awq_clip_skip:
+                continue
+            w = layer_linear(layer, name).weight.detach()
+            clips[name] = awq.search_clip(w, samples[shared[name]], cfg.scheme, cfg.clip_grid,
+                                          cfg.max_shrink).cpu()
+    floats = {n: layer_linear(layer, n).weight.detach().float().clone() for n in spec.linear_names}
+    quantize_layer_weights(layer, spec, cfg.scheme, clips, True, prefix)
+    losses: dict[str, float] = {}
+    for name, w in floats.items():
+        x = samples[shared[name]]
+        module = get_module(layer, name)
+        wq = (module.dequantized_weight(torch.float32) if isinstance(module, QuantLinear)
+              else module.weight.detach().float())
+        losses[prefix + name] = float((x @ (wq - w).T).pow(2).mean())
+    return {"scales": scales, "clips": clips}, losses
+
+
+def _fingerprint(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor) -> str:
+    digest = hashlib.sha1(calib.cpu().numpy().tobytes()).hexdigest()[:16]
+    name = getattr(getattr(model, "config", None), "_name_or_path", type(model).__name__)
+    return f"awq|{name}|{to_json(cfg)}|{tuple(calib.shape)}|{digest}"
+
+
+def _entry_path(work_dir: Path, index: int) -> Path:
+    return work_dir / f"awq_layer_{index:04d}.pt"
+
+
+def save_artifact(artifact: Mapping[str, Any], path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(dict(artifact), tmp)
+    tmp.replace(path)
+    return path
+
+
+def load_artifact(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"AWQ search artifact {path} does not exist; run `qcal quantize --method awq`")
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(data, dict) or data.get("format") != ARTIFACT_FORMAT:
+        raise CheckpointError(f"{path} is not a qcal AWQ search artifact")
+    return data
+
+
+def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor,
+                       opts: RunOptions | None = None) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """Search and quantize every decoder layer in place; returns (losses, search artifact)."""
+    opts = opts or RunOptions()
+    if calib_ids is None or calib_ids.numel() == 0:
+        raise ConfigError("AWQ needs calibration data; pass --calib (and --nsamples > 0)")
+    spec = arch_for(model)
+    entries: dict[int, dict[str, Any]] = {}
+    losses: dict[str, float | None] = {}
+
+    def quantize_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
+        prefix = f"{spec.layers_path}.{index}."
+        entry, layer_losses = search_layer(layer, spec, inputs, cfg, opts.device, prefix)
+        entries[index] = entry
+        if opts.work_dir is not None:
+            save_artifact(entry, _entry_path(Path(opts.work_dir), index))
+        losses.update(layer_losses)
+        return {"losses": layer_losses,
+                "ratios": {g["prev_op"]: g["ratio"] for g in entry["scales"]}}
+
+    logs = sequential_quantize(
+        model, spec, calib_ids, quantize_layer, device=opts.device, progress=opts.progress,
+        desc="awq", work_dir=opts.work_dir, resume=opts.resume,
+        fingerprint=_fingerprint(model, cfg, calib_ids),
+    )
+    n_layers = len(decoder_layers(model, spec))
+    for index in range(n_layers):
+        if index not in entries:  # finished by an earlier, resumed run
+            entries[index] = torch.load(_entry_path(Path(opts.work_dir), index), weights_only=True)
+            losses.update(logs.get(str(index), {}).get("losses", {}))
+    artifact = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, "config": to_dict(cfg),
+                "layers_path": spec.layers_path, "norm_offset": spec.norm_offset,
+                "layers": [entries[i] for i in range(n_layers)]}
+    if opts.work_dir is not None:
+        path = save_artifact(artifact, Path(opts.work_dir) / ARTIFACT_NAME)
+        opts.log(f"AWQ search artifact (scales and clips per layer): {path}")
+    return losses, artifact
+
+
+@torch.no_grad()
+def apply_awq_artifact(model: nn.Module, artifact: Mapping[str, Any] | str | Path,
+                       packed: bool = True) -> None:
+    """Replay a search artifact on a float model: fold scales, clamp, RTN; no calibration data."""
+    art = load_artifact(artifact) if isinstance(artifact, (str, Path)) else artifact
+    if art.get("format") != ARTIFACT_FORMAT or art.get("version") != ARTIFACT_VERSION:
+        raise CheckpointError("not a qcal AWQ search artifact of version "
+                              f"{ARTIFACT_VERSION}; re-run the AWQ search")
+    cfg = from_dict(AWQConfig, art["config"])
+    spec = arch_for(model)
+    layers = decoder_layers(model, spec)
+    if len(art["layers"]) != len(layers) or art["layers_path"] != spec.layers_path:
+        raise CheckpointError(
+            f"the AWQ artifact covers {len(art['layers'])} layers at {art['layers_path']!r}, the model "
+            f"has {len(layers)} at {spec.layers_path!r}; use the artifact made for this model"
+        )
+    for index, (layer, entry) in enumerate(zip(layers, art["layers"], strict=True)):
+        for g in entry["scales"]:
+            group = ScaleGroup(g["prev_op"], tuple(g["linears"]), "")
+            fold_scale(layer, group, g["scale"].to(next(layer.parameters()).device),
+                       float(art["norm_offset"]))
+        quantize_layer_weights(layer, spec, cfg.scheme, entry["clips"], packed,
+                               f"{spec.layers_path}.{index}.")
+
+
+def run_awq(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor | None,
+            opts: RunOptions) -> dict[str, float | None]:
+    if calib is None:
+        raise ConfigError("AWQ needs calibration data; pass --calib")
+    if not opts.packed:
+        raise ConfigError("AWQ always packs into QuantLinear; drop the fake-quant option")
+    losses, _ = awq_quantize_model(model, cfg, calib, opts)
+    return losses
+
+
+METHODS.register("awq", QuantMethod("awq", AWQConfig, True, run_awq))
