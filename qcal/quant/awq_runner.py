@@ -34,7 +34,7 @@ from torch import nn
 from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict, to_json
 from qcal.errors import CheckpointError, ConfigError
 from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
-from qcal.model.capture import LayerInputs, capture_linear_inputs
+from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.sequential import layer_linear, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
@@ -139,16 +139,6 @@ def _shared_inputs(spec: ArchSpec) -> dict[str, str]:
     return {name: step[0] for step in spec.sequential for name in step}
 
 
-def _capture(layer: nn.Module, reps: list[str], inputs: LayerInputs,
-             kwargs: list[dict[str, Any]], device: str) -> dict[str, list[torch.Tensor]]:
-    feats: dict[str, list[torch.Tensor]] = {r: [] for r in reps}
-    dtype = next(layer.parameters()).dtype
-    with capture_linear_inputs(layer, reps, lambda n, x: feats[n].append(x)):
-        for hidden, kw in zip(inputs.hidden, kwargs, strict=True):
-            layer(hidden.to(device=device, dtype=dtype), **kw)
-    return feats
-
-
 def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.Tensor],
                 kwargs: list[dict[str, Any]], refs: list[torch.Tensor]) -> awq.BlockLoss:
     def loss(fake: Mapping[str, torch.Tensor]) -> float:
@@ -176,7 +166,8 @@ def search_layer(layer: nn.Module, spec: ArchSpec, inputs: LayerInputs, cfg: AWQ
     kwargs = [_kwargs_to(kw, device) for kw in inputs.kwargs]
     shared = _shared_inputs(spec)
     reps = sorted(set(shared.values()))
-    feats = _capture(layer, reps, inputs, kwargs, device)
+    feats: dict[str, list[torch.Tensor]] = {r: [] for r in reps}
+    feed_linear_inputs(layer, inputs, reps, lambda n, x: feats[n].append(x), device)
     scales: list[dict[str, Any]] = []
     for group in spec.scale_groups:
         if not group_applies(layer, group):
@@ -199,7 +190,7 @@ def search_layer(layer: nn.Module, spec: ArchSpec, inputs: LayerInputs, cfg: AWQ
                        "scale": found.scale.cpu(), "ratio": found.ratio, "loss": found.loss,
                        "rtn_loss": found.rtn_loss})
     samples = {rep: awq.subsample_tokens(xs, cfg.clip_tokens) for rep, xs in feats.items()}
-    del feats
+    feats.clear()  # the subsamples are all the clip search needs
     clips: dict[str, torch.Tensor] = {}
     if cfg.clip_search:
         for name in spec.linear_names:
