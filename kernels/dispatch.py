@@ -1,25 +1,168 @@
-"""Chooses the int4 matmul implementation for a QuantLinear by device."""
+"""Chooses the int4 matmul implementation for a QuantLinear by device, layout and environment.
+
+Backends:
+- ``triton``: the Triton kernels of kernels/int4_matmul.py; chosen for CUDA inputs with
+  4-bit codes and float16/bfloat16/float32 activations.
+- ``cpu``: torch's CPU int4 op on a one-time repack (kernels/cpu.py); chosen for CPU inputs
+  in bfloat16/float16 with 4-bit codes whose group layout it can serve. It computes in bf16
+  (see kernels/cpu.py for the accuracy implication), so float32 inputs stay on the exact
+  reference unless ``QCAL_KERNEL=cpu`` asks for the op: a float32 model (what `qcal eval`
+  loads) keeps float32 accuracy, and a checkpoint loaded in bfloat16 runs on the int4 op.
+- ``reference``: dequantize once (cached per dtype and device), then `F.linear`: exact
+  float math, and the fallback for everything else: other devices, 2/8-bit codes, layouts
+  the fast paths cannot serve, and inputs that need gradients (the kernels have no backward).
+
+``QCAL_KERNEL=reference|cpu|triton`` forces one backend. A forced backend that cannot serve
+a layer raises `KernelUnsupportedError` (naming why) instead of falling back; the automatic
+choice falls back to ``reference`` silently (logged at debug level).
+
+Repacked weights live in ``layer._kernel_cache``, keyed by backend and tagged with the
+buffers' version counters, so in-place weight updates (``load_state_dict``) rebuild them;
+``QuantLinear._apply`` (``.to()``, ``.half()``) clears the cache.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kernels.layout import KernelUnsupportedError, check_packed, contiguous_group_size
 from kernels.reference import dequantize_packed
+from qcal.errors import ConfigError
 
 if TYPE_CHECKING:
     from qcal.packing.qlinear import QuantLinear
 
+BACKENDS = ("reference", "cpu", "triton")
+# Activation dtypes for which the automatic choice on CPU is the (bf16-computing) int4 op.
+CPU_AUTO_DTYPES = (torch.bfloat16, torch.float16)
+ENV_VAR = "QCAL_KERNEL"
+_log = logging.getLogger(__name__)
 
-def quant_linear_forward(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
-    """Reference path: dequantize (cached per dtype while weights are unchanged), then matmul."""
-    key = f"ref:{x.dtype}:{x.device}"
-    w = layer._kernel_cache.get(key)
-    if w is None:
-        w = dequantize_packed(
-            layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits, x.dtype
-        ).T.contiguous()
-        layer._kernel_cache[key] = w
+
+def forced_backend() -> str | None:
+    """The backend named by QCAL_KERNEL, or None for the automatic choice."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in BACKENDS:
+        raise ConfigError(f"{ENV_VAR}={value!r} is not a kernel backend; use one of {BACKENDS} or unset it")
+    return value
+
+
+def _weights_version(layer: QuantLinear) -> tuple[int, ...] | None:
+    try:
+        return tuple(t._version for t in (layer.qweight, layer.qzeros, layer.scales, layer.g_idx))
+    except RuntimeError:  # inference-mode tensors keep no version counter
+        return None
+
+
+def _cached(layer: QuantLinear, key: str, build: Callable[[], Any]) -> Any:
+    version = _weights_version(layer)
+    hit = layer._kernel_cache.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    value = build()
+    layer._kernel_cache[key] = (version, value)
+    return value
+
+
+def _cpu_plan(layer: QuantLinear) -> Any:
+    """The layer's CpuInt4Weight, or a string saying why the CPU op cannot serve it."""
+    from kernels.cpu import pack_for_cpu, unsupported_reason
+
+    def build() -> Any:
+        reason = unsupported_reason(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits)
+        if reason is not None:
+            return reason
+        return pack_for_cpu(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits)
+
+    return _cached(layer, "cpu_int4", build)
+
+
+def _triton_reason(layer: QuantLinear, x: torch.Tensor) -> str | None:
+    if layer.bits != 4:
+        return f"the Triton kernel takes 4-bit codes only, this layer has {layer.bits}-bit codes"
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the Triton kernel takes float16/bfloat16/float32 activations, got {x.dtype}"
+    try:
+        import kernels.int4_matmul  # noqa: F401
+    except ImportError as err:
+        return f"triton is not importable ({err})"
+    return None
+
+
+def select_backend(layer: QuantLinear, x: torch.Tensor) -> str:
+    """The backend that will serve `layer(x)`; raises KernelUnsupportedError if a forced one cannot."""
+    forced = forced_backend()
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or layer.scales.requires_grad)
+    if forced == "reference":
+        return "reference"
+    if needs_grad:
+        if forced is not None:
+            raise KernelUnsupportedError(
+                f"{ENV_VAR}={forced} cannot serve inputs that need gradients (the int4 kernels have "
+                "no backward); run under torch.no_grad() or set QCAL_KERNEL=reference"
+            )
+        return "reference"
+    if forced == "cpu" or (forced is None and x.device.type == "cpu" and x.dtype in CPU_AUTO_DTYPES):
+        plan = _cpu_plan(layer)
+        if not isinstance(plan, str):
+            if x.device.type != "cpu":
+                raise KernelUnsupportedError(f"{ENV_VAR}=cpu needs CPU inputs, got {x.device}")
+            return "cpu"
+        if forced == "cpu":
+            raise KernelUnsupportedError(f"{ENV_VAR}=cpu cannot serve {layer!r}: {plan}; unset {ENV_VAR}")
+        _log.debug("CPU int4 op cannot serve %r (%s): using the reference path", layer, plan)
+        return "reference"
+    if forced == "triton" or x.device.type == "cuda":
+        reason = _triton_reason(layer, x)
+        if reason is None:
+            return "triton"
+        if forced == "triton":
+            raise KernelUnsupportedError(
+                f"{ENV_VAR}=triton cannot serve {layer!r}: {reason}; unset {ENV_VAR}"
+            )
+        _log.debug("Triton cannot serve %r (%s): using the reference path", layer, reason)
+    return "reference"
+
+
+def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    def build() -> torch.Tensor:
+        w = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits, x.dtype)
+        return w.T.contiguous()
+
+    w = _cached(layer, f"ref:{x.dtype}:{x.device}", build)
     bias = None if layer.bias is None else layer.bias.to(x.dtype)
     return torch.nn.functional.linear(x, w, bias)
+
+
+def _triton(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    from kernels.int4_matmul import int4_matmul
+
+    def build() -> int:
+        _, _, groups = check_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits)
+        return contiguous_group_size(layer.g_idx, groups)
+
+    group = _cached(layer, "triton_group", build)
+    y = int4_matmul(x, layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits, group_size=group)
+    return y if layer.bias is None else y + layer.bias.to(y.dtype)
+
+
+def _cpu(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    from kernels.cpu import cpu_int4_matmul
+
+    y = cpu_int4_matmul(x, _cpu_plan(layer))
+    return y if layer.bias is None else y + layer.bias.to(y.dtype)
+
+
+_FORWARDS = {"reference": _reference, "cpu": _cpu, "triton": _triton}
+
+
+def quant_linear_forward(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    """y = x @ dequant(W)^T + bias through the backend `select_backend` picks."""
+    return _FORWARDS[select_backend(layer, x)](layer, x)

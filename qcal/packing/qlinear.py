@@ -72,9 +72,17 @@ class QuantLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Triton on CUDA, torch's int4 op on CPU, else the reference (kernels/dispatch.py;
+        `QCAL_KERNEL=reference|cpu|triton` forces one)."""
         from kernels.dispatch import quant_linear_forward
 
         return quant_linear_forward(self, x)
+
+    def kernel_backend(self, x: torch.Tensor) -> str:
+        """The backend `forward(x)` would use: 'triton', 'cpu' or 'reference'."""
+        from kernels.dispatch import select_backend
+
+        return select_backend(self, x)
 
     def extra_repr(self) -> str:
         return (
