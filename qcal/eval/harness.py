@@ -48,7 +48,12 @@ def offline_env() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-def task_manager(include_paths: Sequence[Path | str] = ()) -> Any:
+def task_manager(include_paths: Sequence[Path | str] = (), names: Sequence[str] = ()) -> Any:
+    """lm-eval's TaskManager over qcal's local tasks, `include_paths` and lm-eval's own.
+
+    Indexing lm-eval's ~15k bundled task configs takes seconds, so when every name in
+    `names` is a local task the bundled ones are left out.
+    """
     offline_env()
     from lm_eval.tasks import TaskManager
 
@@ -56,7 +61,11 @@ def task_manager(include_paths: Sequence[Path | str] = ()) -> Any:
     for p in paths[1:]:
         if not Path(p).is_dir():
             raise TaskError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
-    return TaskManager(include_path=paths, verbosity="ERROR")
+    if names:
+        local = TaskManager(include_path=paths, include_defaults=False)
+        if all(n.strip() in local.all_tasks for n in names if n.strip()):
+            return local
+    return TaskManager(include_path=paths)
 
 
 def _local_names(include_paths: Sequence[Path | str]) -> list[str]:

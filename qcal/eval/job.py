@@ -150,7 +150,7 @@ def run_evaluation(
     if cfg.tasks:  # resolve tasks and check item files before any model loads
         from qcal.eval.harness import resolve_tasks, task_manager
 
-        tm = task_manager(include_paths)
+        tm = task_manager(include_paths, cfg.tasks)
         tasks = resolve_tasks(cfg.tasks, tm, include_paths)
     texts = _texts(cfg, text_file) if cfg.ppl else {}
     model_dir = resolve_model_dir(model)

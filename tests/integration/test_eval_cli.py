@@ -1,0 +1,145 @@
+"""`qcal eval` end to end on the tiny Llama: float vs RTN-w4, a tiny local task, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from qcal.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiny_rtn(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ckpt") / "tiny-rtn-w4g64"
+    assert main(["quantize", "--model", str(tiny_model_dir), "--method", "rtn",
+                 "--group-size", "64", "-o", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 10-item next-sentence task built from stdlib docstrings, one 'section' per module."""
+    from qcal.eval.local_tasks import build_nextsent_items, write_task
+    from qcal.model.tiny import stdlib_text
+
+    docs = [(f"stdlib/en/eval/doc{i}/0", t) for i, t in enumerate(stdlib_text()[:60])]
+    items = build_nextsent_items(docs, "en", n_items=10, context_sentences=2, min_context=1)
+    out = tmp_path_factory.mktemp("tasks")
+    write_task(out, "tiny_nextsent", items, "en")
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from qcal.model.tiny import stdlib_text
+
+    path = tmp_path_factory.mktemp("text") / "held_out.txt"
+    path.write_text("\n\n".join(stdlib_text()[60:90]))
+    return path
+
+
+def test_float_vs_rtn_end_to_end(tiny_model_dir: Path, tiny_rtn: Path, tiny_task: Path,
+                                 text_file: Path, tmp_path: Path) -> None:
+    stem = tmp_path / "res" / "eval_tiny"
+    rc = main(["eval", "--model", str(tiny_rtn), "--base", str(tiny_model_dir), "--ppl",
+               "--text", str(text_file), "--seqlen", "64", "--max-windows", "3",
+               "--tasks", "tiny_nextsent", "--include-path", str(tiny_task), "--calibration",
+               "--ece-bins", "10", "-o", str(stem)])
+    assert rc == 0
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert data["model"]["quantized"] and data["model"]["method"] == "rtn"
+    assert data["base"]["quantized"] is False
+    ppl = data["perplexity"]
+    assert ppl["model"]["file"]["tokens"] == ppl["base"]["file"]["tokens"] == 3 * 63
+    div = ppl["divergence"]["file"]
+    assert div["kl_mean"] > 0 and 0 < div["js_mean"] < div["js_max_nats"]
+
+    cal = data["calibration"]["tiny_nextsent"]
+    for role in ("model", "base"):
+        assert cal[role]["raw"]["n"] == 10 and cal[role]["raw"]["bins"] == 10
+        # confidence metrics describe the very predictions behind lm-eval's acc
+        assert cal[role]["raw"]["acc"] == pytest.approx(cal[role]["lm_eval_acc"])
+    drift = data["drift"]["tiny_nextsent"]["raw"]
+    assert drift["n"] == 10 and 0 <= drift["flip_rate"] <= 1
+    assert sum(q["n"] for q in drift["by_base_conf_quantile"]) == 10
+
+    md = stem.with_suffix(".md").read_text()
+    assert "qcal eval" in md and "tiny-rtn-w4g64" in md and "Calibration set" in md
+    png = stem.with_name("eval_tiny_reliability.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [json.loads(x) for x in stem.with_name("eval_tiny_items.jsonl").read_text().splitlines()]
+    assert len(rows) == 10 and all("delta_conf_true" in r for r in rows)
+    from qcal.eval.perplexity import load_token_nll
+
+    streams = load_token_nll(stem.with_name("eval_tiny_token_nll.safetensors"))
+    assert streams["model/file"].shape == streams["base/file"].shape == (3 * 63,)
+
+
+def test_lm_eval_scores_the_in_memory_quantized_model(tiny_rtn: Path, tiny_task: Path) -> None:
+    """lm-eval's per-choice log-likelihood equals a direct forward pass of qcal's model."""
+    from qcal.eval.harness import resolve_tasks, run_tasks, task_manager
+    from qcal.eval.local_tasks import read_items
+    from qcal.model.loading import load_model
+    from qcal.packing.qlinear import QuantLinear
+
+    net, tok, _ = load_model(tiny_rtn)
+    assert any(isinstance(m, QuantLinear) for m in net.modules())
+    tm = task_manager([tiny_task], ["tiny_nextsent"])
+    run = run_tasks(net, tok, resolve_tasks(["tiny_nextsent"], tm, [tiny_task]), tm, limit=2)
+    rec = run.items["tiny_nextsent"][0]
+    item = read_items(tiny_task / "tiny_nextsent.jsonl")[rec.doc_id]
+    ctx = tok(item["context"], add_special_tokens=False)["input_ids"]
+    full = tok(item["context"] + " " + item["choices"][1], add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logp = torch.log_softmax(net(input_ids=torch.tensor([full])).logits[0].float(), -1)
+    cont = full[len(ctx):]
+    direct = sum(float(logp[len(ctx) - 1 + k, t]) for k, t in enumerate(cont))
+    assert rec.lls[1] == pytest.approx(direct, abs=1e-3)
+    assert rec.lengths[1] == len(item["choices"][1])
+
+
+def test_unknown_task_lists_local_tasks(tiny_model_dir: Path, capsys: pytest.CaptureFixture
+                                        ) -> None:
+    rc = main(["eval", "--model", str(tiny_model_dir), "--tasks", "no_such_task_xyz"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no_such_task_xyz" in err and "qcal_nextsent_en" in err
+    assert "Traceback" not in err
+
+
+def test_empty_item_file_fails_before_loading(tiny_model_dir: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    from qcal.eval.local_tasks import task_yaml
+
+    (tmp_path / "empty_task.jsonl").write_text("")
+    (tmp_path / "empty_task.yaml").write_text(task_yaml("empty_task", "empty_task.jsonl", "en"))
+    rc = main(["eval", "--model", str(tiny_model_dir), "--tasks", "empty_task",
+               "--include-path", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "empty_task.jsonl" in err and "has no items" in err
+
+
+def test_checkpoint_missing_tensors_fails_clearly(tiny_rtn: Path, text_file: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_rtn, broken)
+    state = load_file(str(broken / "model.safetensors"))
+    victim = next(k for k in state if k.endswith(".qweight"))
+    del state[victim]
+    save_file(state, str(broken / "model.safetensors"))
+    rc = main(["eval", "--model", str(broken), "--text", str(text_file), "--seqlen", "64"])
+    err = capsys.readouterr().err
+    assert rc == 2 and victim.rsplit(".", 1)[0] in err and "Traceback" not in err
+
+
+def test_calibration_without_tasks_is_an_error(capsys: pytest.CaptureFixture) -> None:
+    assert main(["eval", "--calibration"]) == 2
+    assert "--tasks" in capsys.readouterr().err
