@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from qcal.calib.base import CalibSetError, content_digest
 
 if TYPE_CHECKING:
@@ -48,8 +50,10 @@ def save_calib_set(calib: CalibSet, out_dir: Path) -> Path:
     from qcal.packing.checkpoint import write_dir_atomically
 
     def fill(tmp: Path) -> None:
-        save_file({"input_ids": calib.input_ids.contiguous()}, str(tmp / IDS_FILE),
-                  metadata={"digest": calib.digest})
+        # int32 on disk halves the size (token ids < 2**31); loading returns a LongTensor.
+        small = calib.input_ids.numel() == 0 or int(calib.input_ids.max()) < 2**31
+        ids = (calib.input_ids.to(torch.int32) if small else calib.input_ids).contiguous()
+        save_file({"input_ids": ids}, str(tmp / IDS_FILE), metadata={"digest": calib.digest})
         (tmp / MANIFEST_FILE).write_text(json.dumps(calib.manifest, indent=2, ensure_ascii=False)
                                          + "\n", encoding="utf-8")
 
@@ -70,7 +74,7 @@ def load_calib_set(path: Path) -> CalibSet:
         )
     try:
         manifest = json.loads((found / MANIFEST_FILE).read_text(encoding="utf-8"))
-        ids = load_file(str(found / IDS_FILE))["input_ids"]
+        ids = load_file(str(found / IDS_FILE))["input_ids"].to(torch.long)
     except (OSError, ValueError, KeyError) as err:
         raise CalibSetError(f"calibration set {found} is unreadable ({err}); rebuild it") from None
     expected = content_digest(ids, manifest.get("selector", ""), manifest.get("params", {}),
