@@ -1,0 +1,75 @@
+"""`qcal compare` (run the calibration x method grid) and `qcal report` (render it)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="run a calibration-set x method grid (cached, resumable)")
+    p.add_argument("--config", type=Path, default=None, help="grid YAML (GridSpec fields)")
+    p.add_argument("--name", default=None, help="run name: results/<name>, runs/compare/<name>")
+    p.add_argument("--model", default=None)
+    p.add_argument("--selectors", default=None,
+                   help="e.g. random,zipf,perplexity,ml:en,ml:de,mix:uniform")
+    p.add_argument("--methods", default=None, help="e.g. rtn,gptq,awq")
+    p.add_argument("--bits", type=int, default=None)
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--sym", action="store_true", default=None)
+    p.add_argument("--source", default=None, help="calibration source (default debian-handbook)")
+    p.add_argument("--nsamples", type=int, default=None)
+    p.add_argument("--seqlen", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--eval", default=None,
+                   help="comma list: ppl, calibration and task names (e.g. ppl,qcal_nextsent_en)")
+    p.add_argument("--eval-langs", default=None, help="perplexity languages, e.g. en,de,ja")
+    p.add_argument("--eval-seqlen", type=int, default=None)
+    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None, help="items per task")
+    p.add_argument("--results-dir", type=Path, default=None)
+    p.set_defaults(handler=run_compare)
+    r = sub.add_parser("report", help="render tables and plots of a comparison grid")
+    r.add_argument("run_dir", type=Path, help="results/<run> written by `qcal compare`")
+    r.add_argument("--title", default=None)
+    r.set_defaults(handler=run_report)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": args.name, "model": args.model, "selectors": args.selectors,
+        "methods": args.methods, "bits": args.bits, "group_size": args.group_size,
+        "sym": args.sym, "source": args.source, "nsamples": args.nsamples,
+        "seqlen": args.seqlen, "seed": args.seed, "eval_langs": args.eval_langs,
+        "eval_seqlen": args.eval_seqlen, "max_windows": args.max_windows, "limit": args.limit,
+    }
+    if args.eval:
+        parts = [p for p in args.eval.split(",") if p]
+        out["calibration"] = "calibration" in parts
+        out["tasks"] = [p for p in parts if p not in {"ppl", "calibration"}]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from qcal.compare import GridRunner, grid_from_dict, load_grid_config
+    from qcal.compare_report import render_report
+    from qcal.paths import results_dir, runs_dir
+
+    overrides = _overrides(args)
+    spec = (load_grid_config(args.config, overrides) if args.config
+            else grid_from_dict(overrides))
+    results_root = (args.results_dir or results_dir()) / spec.name
+    runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name)
+    runner.run()
+    render_report(results_root)
+    print(f"grid {spec.name}: results in {results_root} (report.md)")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from qcal.compare_report import render_report
+
+    data = render_report(args.run_dir, args.title)
+    print(f"wrote {args.run_dir}/report.md with {len(data['perplexity'])} cells")
+    return 0

@@ -1,0 +1,248 @@
+"""The comparison grid: calibration settings x quantization methods -> results/.
+
+Each cell = (calibration setting, method). Running a cell builds (or reuses by
+recipe hash) its calibration set, quantizes the model, evaluates the checkpoint
+and writes `<results>/cells/<cell>.json` atomically. A cell whose JSON exists is
+never recomputed; a cell interrupted after its checkpoint was written only
+re-runs the evaluation, and an interrupted GPTQ/AWQ run resumes from its last
+finished layer. RTN ignores calibration data, so it forms a single cell, and the
+float model is evaluated once as the reference ("float").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm.auto import tqdm
+
+from qcal.config import AWQConfig, EvalConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.errors import ConfigError
+from qcal.results import atomic_write_text, provenance
+
+FLOAT_CELL = "float"
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+    """What to compare; also the schema of `qcal compare --config grid.yaml`."""
+
+    name: str = "grid"
+    model: str | None = None
+    selectors: tuple[str, ...] = ("random", "zipf")
+    methods: tuple[str, ...] = ("rtn", "gptq")
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = False
+    source: str = "debian-handbook"
+    nsamples: int = 128
+    seqlen: int = 512
+    seed: int = 0
+    eval_langs: tuple[str, ...] = ("en",)
+    eval_seqlen: int = 512
+    max_windows: int | None = None
+    tasks: tuple[str, ...] = ()
+    calibration: bool = False
+    limit: int | None = None
+    eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
+
+    def __post_init__(self) -> None:
+        if not self.selectors or not self.methods:
+            raise ConfigError("a grid needs at least one selector and one method")
+        from qcal.quant.methods import METHODS
+
+        for m in self.methods:
+            METHODS.get(m)  # an unknown method's error lists the known ones
+        if self.calibration and not self.tasks:
+            raise ConfigError("calibration metrics need multiple-choice --tasks")
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return QuantScheme(self.bits, self.group_size, self.sym)
+
+    def eval_config(self) -> EvalConfig:
+        return EvalConfig(seqlen=self.eval_seqlen, max_windows=self.max_windows,
+                          langs=self.eval_langs, tasks=self.tasks, calibration=self.calibration,
+                          limit=self.limit)
+
+
+def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> GridSpec:
+    if not Path(path).is_file():
+        raise ConfigError(f"grid config {path} does not exist")
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"grid config {path} must be a mapping of GridSpec fields")
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return grid_from_dict(raw)
+
+
+def grid_from_dict(raw: dict[str, Any]) -> GridSpec:
+    fields = {f.name for f in dataclasses.fields(GridSpec)}
+    unknown = set(raw) - fields
+    if unknown:
+        raise ConfigError(f"unknown grid fields {sorted(unknown)}; known: {sorted(fields)}")
+    clean = {}
+    for key, value in raw.items():
+        if key in {"selectors", "methods", "eval_langs", "tasks"} and isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        clean[key] = tuple(value) if isinstance(value, list) else value
+    return GridSpec(**clean)
+
+
+def safe_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text).strip("-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    selector: str | None  # None: no calibration data (float, RTN)
+    method: str | None  # None: the float reference
+
+    @property
+    def key(self) -> str:
+        if self.method is None:
+            return FLOAT_CELL
+        return f"{safe_name(self.selector or 'none')}__{self.method}"
+
+
+def plan_cells(spec: GridSpec) -> list[Cell]:
+    from qcal.quant.methods import METHODS
+
+    cells = [Cell(None, None)]
+    for method in spec.methods:
+        if not METHODS.get(method).needs_calibration:
+            cells.append(Cell(None, method))
+            continue
+        cells.extend(Cell(sel, method) for sel in spec.selectors)
+    return cells
+
+
+def method_config(method: str, scheme: QuantScheme) -> Any:
+    return {"rtn": RTNConfig, "gptq": GPTQConfig, "awq": AWQConfig}[method](scheme=scheme)
+
+
+def calib_recipe_key(spec: GridSpec, selector: str, tokenizer_name: str) -> str:
+    recipe = json.dumps([selector, spec.source, spec.nsamples, spec.seqlen, spec.seed,
+                         tokenizer_name], sort_keys=True)
+    return f"{safe_name(selector)}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+
+
+class GridRunner:
+    """Runs a grid under `results_root` (tables) and `work_root` (calib sets, checkpoints)."""
+
+    def __init__(self, spec: GridSpec, results_root: Path, work_root: Path,
+                 progress: bool = True) -> None:
+        self.spec, self.progress = spec, progress
+        self.results_root, self.work_root = Path(results_root), Path(work_root)
+        self.cells_dir = self.results_root / "cells"
+
+    def cell_path(self, cell: Cell) -> Path:
+        return self.cells_dir / f"{cell.key}.json"
+
+    def pending(self) -> list[Cell]:
+        return [c for c in plan_cells(self.spec) if not self.cell_path(c).is_file()]
+
+    def _clean_stale(self) -> None:
+        # A kill during an atomic write leaves only hidden temp siblings behind.
+        for root in (self.work_root, self.results_root):
+            if root.is_dir():
+                for stale in root.rglob(".*.tmp-*"):
+                    if stale.is_dir():
+                        shutil.rmtree(stale, ignore_errors=True)
+                    else:
+                        stale.unlink(missing_ok=True)
+
+    def _write_spec(self) -> None:
+        spec_file = self.results_root / "grid.json"
+        current = dataclasses.asdict(self.spec)
+        if spec_file.is_file():
+            saved = json.loads(spec_file.read_text())["spec"]
+            if saved != json.loads(json.dumps(current)):
+                raise ConfigError(
+                    f"{self.results_root} holds a different grid; choose another --name "
+                    "or delete that directory"
+                )
+            return
+        atomic_write_text(spec_file, json.dumps({"spec": current}, indent=2))
+
+    def calib_for(self, selector: str) -> tuple[Any, dict[str, Any]]:
+        from qcal.calib import resolve_calib
+        from qcal.calib.io import load_calib_set, save_calib_set
+        from qcal.model.loading import load_tokenizer, resolve_model_dir
+
+        model_dir = resolve_model_dir(self.spec.model)
+        tok = load_tokenizer(model_dir)
+        key = calib_recipe_key(self.spec, selector, str(model_dir))
+        path = self.work_root / "calib" / key
+        if (path / "manifest.json").is_file():
+            calib = load_calib_set(path)
+        else:
+            calib = resolve_calib(self.spec.source, tok, self.spec.nsamples, self.spec.seqlen,
+                                  self.spec.seed, selector=selector)
+            save_calib_set(calib, path)
+        return calib, {**calib.manifest, "cache_path": str(path)}
+
+    def run_cell(self, cell: Cell) -> dict[str, Any]:
+        from qcal.eval.job import run_evaluation
+        from qcal.model.loading import resolve_model_dir
+        from qcal.pipeline import quantize_model_dir
+        from qcal.quant.methods import RunOptions
+
+        model_dir = resolve_model_dir(self.spec.model)
+        record: dict[str, Any] = {"cell": cell.key, "selector": cell.selector,
+                                  "method": cell.method}
+        target = model_dir
+        if cell.method is not None:
+            ckpt = self.work_root / "ckpt" / cell.key
+            if not (ckpt / "quant_log.json").is_file():
+                ids, manifest = None, None
+                if cell.selector is not None:
+                    calib, manifest = self.calib_for(cell.selector)
+                    ids = calib.input_ids
+                opts = RunOptions(progress=self.progress, work_dir=Path(str(ckpt) + ".work"),
+                                  resume=True)
+                quantize_model_dir(model_dir, cell.method,
+                                   method_config(cell.method, self.spec.scheme), ckpt, ids,
+                                   manifest, opts)
+                shutil.rmtree(Path(str(ckpt) + ".work"), ignore_errors=True)
+            log = json.loads((ckpt / "quant_log.json").read_text())
+            record["quantize_seconds"] = log.get("quantize_seconds")
+            record["calibration"] = log.get("calibration")
+            target = ckpt
+        text_file = Path(self.spec.eval_text_file) if self.spec.eval_text_file else None
+        outcome = run_evaluation(target, self.spec.eval_config(), text_file=text_file,
+                                 progress=self.progress)
+        record["eval"] = outcome.data
+        record["items"] = {task: [dataclasses.asdict(it) for it in its]
+                           for task, its in outcome.items.get("model", {}).items()}
+        return record
+
+    def run(self) -> dict[str, Any]:
+        """Run every pending cell; returns {cell key: record} for the whole grid."""
+        self.results_root.mkdir(parents=True, exist_ok=True)
+        self._clean_stale()
+        self._write_spec()
+        todo = self.pending()
+        cells = plan_cells(self.spec)
+        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="grid",
+                   disable=not self.progress)
+        for cell in todo:
+            bar.set_postfix_str(cell.key)
+            record = self.run_cell(cell)
+            record["provenance"] = provenance()
+            atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
+            bar.update(1)
+        bar.close()
+        return load_cells(self.results_root)
+
+
+def load_cells(results_root: Path) -> dict[str, dict[str, Any]]:
+    cells_dir = Path(results_root) / "cells"
+    if not cells_dir.is_dir():
+        raise ConfigError(f"{results_root} has no cells/; run `qcal compare` first")
+    return {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}

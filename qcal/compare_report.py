@@ -1,0 +1,177 @@
+"""`qcal report`: tables and plots from a finished (or partial) comparison grid.
+
+Per-language perplexity for every cell and its change against the float model;
+a heatmap of that change by calibration setting x evaluation language per method;
+and, when the grid ran multiple-choice tasks, accuracy / ECE / gold-answer
+confidence with their drift from the float model (bar chart).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qcal.compare import FLOAT_CELL, load_cells
+from qcal.errors import ConfigError
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+
+
+def ppl_table(cells: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, float]]]:
+    langs: list[str] = []
+    table: dict[str, dict[str, float]] = {}
+    for key, rec in cells.items():
+        ppl = ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
+        row = {}
+        for lang, res in ppl.items():
+            row[lang] = float(res["ppl"])
+            if lang not in langs:
+                langs.append(lang)
+        table[key] = row
+    return langs, table
+
+
+def item_probs(record: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    from qcal.eval.confidence import stack_probs
+
+    out = {}
+    for task, items in (record.get("items") or {}).items():
+        if items:
+            probs = stack_probs([it["lls"] for it in items])
+            out[task] = (probs, np.array([it["gold"] for it in items]))
+    return out
+
+
+def confidence_rows(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    from qcal.eval.confidence import confidence_metrics
+    from qcal.eval.drift import item_drift
+
+    if FLOAT_CELL not in cells:
+        return []
+    base = item_probs(cells[FLOAT_CELL])
+    rows = []
+    for key, rec in cells.items():
+        for task, (probs, gold) in item_probs(rec).items():
+            m = confidence_metrics(probs, gold)
+            row = {"cell": key, "task": task, **{k: m[k] for k in ("acc", "conf_true", "ece",
+                                                                    "brier", "nll")}}
+            if key != FLOAT_CELL and task in base and base[task][0].shape == probs.shape:
+                d = item_drift(base[task][0], probs, gold)
+                bm = confidence_metrics(*base[task])
+                row.update({"d_acc": m["acc"] - bm["acc"], "d_conf_true": d["delta_conf_true"],
+                            "d_ece": m["ece"] - bm["ece"], "flip_rate": d["flip_rate"],
+                            "low_conf_quartile_d_conf_true":
+                                d["by_base_conf_quantile"][0].get("delta_conf_true")})
+            rows.append(row)
+    return rows
+
+
+def _heatmaps(cells: dict[str, dict[str, Any]], langs: list[str],
+              table: dict[str, dict[str, float]], out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = table.get(FLOAT_CELL, {})
+    methods = sorted({rec.get("method") for rec in cells.values() if rec.get("selector")})
+    written = []
+    for method in methods:
+        keys = [k for k, r in cells.items() if r.get("method") == method and r.get("selector")]
+        if not keys or not base:
+            continue
+        grid = np.array([[100 * (table[k].get(lang, np.nan) / base[lang] - 1)
+                          if lang in base else np.nan for lang in langs] for k in keys])
+        fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(langs), 1.2 + 0.45 * len(keys)))
+        im = ax.imshow(grid, cmap="RdYlGn_r", aspect="auto")
+        ax.set_xticks(range(len(langs)), langs)
+        ax.set_yticks(range(len(keys)), [cells[k]["selector"] for k in keys])
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if np.isfinite(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=7)
+        ax.set_xlabel("evaluation language")
+        ax.set_ylabel("calibration setting")
+        ax.set_title(f"{method}: perplexity change vs float (%)")
+        fig.colorbar(im, ax=ax)
+        fig.tight_layout()
+        name = f"heatmap_{method}.png"
+        fig.savefig(out_dir / name, dpi=120)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def _drift_bars(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drift = [r for r in rows if "d_conf_true" in r]
+    if not drift:
+        return []
+    fig, axes = plt.subplots(1, 3, figsize=(13, 0.5 + 0.35 * len(drift)), sharey=True)
+    labels = [f"{r['cell']} [{r['task']}]" for r in drift]
+    for ax, metric in zip(axes, ("d_conf_true", "d_ece", "flip_rate"), strict=True):
+        ax.barh(range(len(drift)), [r[metric] for r in drift], color="tab:blue")
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_title(metric)
+    axes[0].set_yticks(range(len(drift)), labels, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "drift.png", dpi=120)
+    plt.close(fig)
+    return ["drift.png"]
+
+
+def render_report(results_root: Path, title: str | None = None) -> dict[str, Any]:
+    """Write report.{json,md} and PNG plots into `results_root`; returns the report data."""
+    results_root = Path(results_root)
+    cells = load_cells(results_root)
+    if not cells:
+        raise ConfigError(f"{results_root}/cells holds no finished cell yet")
+    spec = json.loads((results_root / "grid.json").read_text())["spec"]
+    langs, table = ppl_table(cells)
+    rows = confidence_rows(cells)
+    plots = _heatmaps(cells, langs, table, results_root) + _drift_bars(rows, results_root)
+    base = table.get(FLOAT_CELL, {})
+    ppl_rows = []
+    for key, row in table.items():
+        rec = cells[key]
+        ppl_rows.append([key, rec.get("selector") or "-", rec.get("method") or "float",
+                         *[row.get(lang, float("nan")) for lang in langs],
+                         rec.get("quantize_seconds") or "-"])
+    delta_rows = [[key, *[100 * (table[key][lang] / base[lang] - 1)
+                          if lang in base and lang in table[key] else float("nan")
+                          for lang in langs]] for key in table if key != FLOAT_CELL and base]
+    prov = provenance(command=f"qcal report {results_root}",
+                      model=spec.get("model") or "default (SmolLM2-135M-Instruct)",
+                      data=f"calibration from {spec['source']} (calib split), nsamples="
+                           f"{spec['nsamples']} x seqlen={spec['seqlen']}, seed={spec['seed']}; "
+                           f"evaluation on held-out chapters, {spec['eval_seqlen']}-token "
+                           f"windows, max_windows={spec['max_windows']}")
+    cmd = next(iter(cells.values())).get("provenance", {}).get("command")
+    parts = [f"# {title or 'Calibration-set comparison: ' + spec['name']}",
+             provenance_markdown(prov), f"- Grid command: `{cmd}`",
+             f"- Scheme: w{spec['bits']} g{spec['group_size']} "
+             f"{'sym' if spec['sym'] else 'asym'}; methods {', '.join(spec['methods'])}; "
+             f"selectors {', '.join(spec['selectors'])}",
+             "## Perplexity per evaluation language",
+             markdown_table(["cell", "calibration", "method", *langs, "quantize s"], ppl_rows,
+                            ".2f")]
+    if delta_rows:
+        parts += ["## Perplexity change vs float (%)",
+                  markdown_table(["cell", *langs], delta_rows, ".1f")]
+    if rows:
+        keys = sorted({k for r in rows for k in r} - {"cell", "task"})
+        parts += ["## Multiple-choice accuracy, calibration and drift vs float",
+                  markdown_table(["cell", "task", *keys],
+                                 [[r["cell"], r["task"], *[r.get(k, "-") for k in keys]]
+                                  for r in rows], ".4f")]
+    parts += [f"![{p}]({p})" for p in plots]
+    data = {"provenance": prov, "spec": spec, "perplexity": table, "confidence": rows,
+            "plots": plots}
+    write_results(results_root / "report", data, "\n\n".join(parts))
+    return data

@@ -1,0 +1,116 @@
+"""The comparison grid on the tiny model: completes, caches, resumes after a kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qcal import compare
+from qcal.cli import main
+from qcal.compare import GridRunner, GridSpec, plan_cells
+from qcal.compare_report import render_report
+from qcal.errors import ConfigError
+from qcal.model.tiny import stdlib_text
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("grid-text")
+    docs = stdlib_text()
+    calib, evaluation = root / "calib.txt", root / "eval.txt"
+    calib.write_text("\n\n".join(docs[:120]))
+    evaluation.write_text("\n\n".join(docs[120:160]))
+    return calib, evaluation
+
+
+def spec_for(model: Path, texts: tuple[Path, Path], **kw) -> GridSpec:
+    base = dict(name="tiny", model=str(model), selectors=("random", "zipf"),
+                methods=("rtn", "gptq"), group_size=32, source=str(texts[0]), nsamples=4,
+                seqlen=32, eval_seqlen=32, max_windows=2, eval_text_file=str(texts[1]))
+    base.update(kw)
+    return GridSpec(**base)
+
+
+def test_plan_has_float_one_rtn_and_selector_cells(tiny_model_dir: Path, texts) -> None:
+    keys = [c.key for c in plan_cells(spec_for(tiny_model_dir, texts))]
+    assert keys == ["float", "none__rtn", "random__gptq", "zipf__gptq"]
+
+
+def test_unknown_method_lists_known(tiny_model_dir: Path, texts) -> None:
+    with pytest.raises(ConfigError, match="known: .*gptq.*rtn"):
+        spec_for(tiny_model_dir, texts, methods=("nope",))
+
+
+def test_grid_runs_caches_and_resumes_after_interrupt(tiny_model_dir: Path, texts,
+                                                      tmp_path: Path, monkeypatch) -> None:
+    spec = spec_for(tiny_model_dir, texts)
+    results, work = tmp_path / "results", tmp_path / "work"
+
+    original = GridRunner.run_cell
+    calls: list[str] = []
+
+    def dying(self, cell):
+        if cell.key == "random__gptq":
+            raise KeyboardInterrupt  # killed mid-grid
+        calls.append(cell.key)
+        return original(self, cell)
+
+    monkeypatch.setattr(GridRunner, "run_cell", dying)
+    with pytest.raises(KeyboardInterrupt):
+        GridRunner(spec, results, work, progress=False).run()
+    finished = sorted(p.stem for p in (results / "cells").glob("*.json"))
+    assert finished == ["float", "none__rtn"]
+    for p in (results / "cells").glob("*.json"):
+        json.loads(p.read_text())  # nothing half-written
+    assert not list(results.rglob(".*.tmp-*"))
+
+    monkeypatch.setattr(GridRunner, "run_cell", original)
+    cells = GridRunner(spec, results, work, progress=False).run()
+    assert sorted(cells) == ["float", "none__rtn", "random__gptq", "zipf__gptq"]
+    for key, rec in cells.items():
+        ppl = rec["eval"]["perplexity"]["model"]["file"]
+        assert ppl["tokens"] == 2 * 31, key
+    assert cells["random__gptq"]["calibration"]["selector"] != \
+        cells["zipf__gptq"]["calibration"]["selector"]
+
+    # a finished grid recomputes nothing
+    def forbidden(*a, **k):
+        raise AssertionError("a finished cell was recomputed")
+
+    monkeypatch.setattr(GridRunner, "run_cell", forbidden)
+    GridRunner(spec, results, work, progress=False).run()
+
+    report = render_report(results)
+    assert set(report["perplexity"]) == set(cells)
+    assert (results / "report.md").is_file() and (results / "heatmap_gptq.png").is_file()
+    md = (results / "report.md").read_text()
+    assert "zipf__gptq" in md and "Perplexity change vs float" in md
+
+
+def test_changed_grid_in_same_dir_is_refused(tiny_model_dir: Path, texts, tmp_path: Path,
+                                             monkeypatch) -> None:
+    monkeypatch.setattr(GridRunner, "run_cell", lambda self, cell: {"cell": cell.key})
+    GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn",)), tmp_path / "r",
+               tmp_path / "w", progress=False).run()
+    with pytest.raises(ConfigError, match="different grid"):
+        GridRunner(spec_for(tiny_model_dir, texts, seed=3, methods=("rtn",)), tmp_path / "r",
+                   tmp_path / "w", progress=False).run()
+
+
+def test_cli_compare_with_config_file(tiny_model_dir: Path, texts, tmp_path: Path,
+                                      monkeypatch) -> None:
+    monkeypatch.setenv("QCAL_RUNS_DIR", str(tmp_path / "runs"))
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(
+        f"name: cli\nmodel: {tiny_model_dir}\nselectors: [random]\nmethods: [rtn]\n"
+        f"group_size: 32\nsource: {texts[0]}\nnsamples: 4\nseqlen: 32\neval_seqlen: 32\n"
+        f"max_windows: 1\neval_text_file: {texts[1]}\n"
+    )
+    assert main(["compare", "--config", str(cfg), "--results-dir", str(tmp_path / "res")]) == 0
+    assert (tmp_path / "res" / "cli" / "report.md").is_file()
+    assert main(["report", str(tmp_path / "res" / "cli")]) == 0
+    assert compare.load_cells(tmp_path / "res" / "cli").keys() == {"float", "none__rtn"}
