@@ -97,6 +97,11 @@ class MultilingualSelector:
     name: str = "multilingual"
 
     def __post_init__(self) -> None:
+        if self.langs is not None:
+            from qcal.data.langid import normalize_lang
+
+            # Same folding as the corpus tags (pt-BR -> pt, zh-CN -> zh), so quotas find them.
+            object.__setattr__(self, "langs", tuple(normalize_lang(x) for x in self.langs))
         if self.inner == "multilingual":
             raise ConfigError("the inner selector of a multilingual set cannot be 'multilingual'")
         if self.weights is not None and (self.langs is None or len(self.weights) != len(self.langs)):

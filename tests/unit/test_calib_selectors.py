@@ -147,6 +147,7 @@ def test_multilingual_missing_language_is_an_error(tok: Any, ml_docs: list[Docum
 def test_selector_strings() -> None:
     assert isinstance(parse_selector("ml:de"), MultilingualSelector)
     assert parse_selector("ml:de").langs == ("de",)
+    assert parse_selector("mix:pt-BR=1,zh-CN=1,zh-TW=1").langs == ("pt", "zh", "zh-tw")
     assert parse_selector("perplexity:high").mode == "high"
     assert parse_selector("ppl:middle").mode == "middle"
     assert parse_selector("zipf:invfreq").objective == "invfreq"
