@@ -167,9 +167,10 @@ def run_tasks(
                               verbosity="ERROR")
     except QcalError:
         raise
-    except (KeyError, ValueError, FileNotFoundError) as err:
-        raise TaskError(f"lm-eval could not run {list(tasks)}: {err!r}. For a standard task, "
-                        "its dataset must be in the local HF cache (the Hub is offline)") from None
+    except (KeyError, ValueError, OSError) as err:  # OSError covers ConnectionError
+        raise TaskError(f"lm-eval could not run {list(tasks)}: {err}. A standard task needs its "
+                        "dataset in the local HF cache (the Hub is offline here); the local "
+                        "tasks (qcal eval --list-tasks) need no network") from None
     if out is None:
         raise TaskError("lm-eval returned no results (non-zero rank?); run in a single process")
     items: dict[str, list[ItemRecord]] = {}

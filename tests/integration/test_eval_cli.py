@@ -103,6 +103,18 @@ def test_lm_eval_scores_the_in_memory_quantized_model(tiny_rtn: Path, tiny_task:
     assert rec.lengths[1] == len(item["choices"][1])
 
 
+def test_calibration_without_base(tiny_rtn: Path, tiny_task: Path, tmp_path: Path) -> None:
+    stem = tmp_path / "cal"
+    assert main(["eval", "--model", str(tiny_rtn), "--tasks", "tiny_nextsent", "--include-path",
+                 str(tiny_task), "--calibration", "--limit", "4", "-o", str(stem)]) == 0
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert "perplexity" not in data and "drift" not in data  # --tasks alone: no ppl
+    assert data["calibration"]["tiny_nextsent"]["model"]["norm"]["n"] == 4
+    md = stem.with_suffix(".md").read_text()
+    assert "## Confidence calibration" in md and "## Drift" not in md
+    assert stem.with_name("cal_reliability.png").is_file()
+
+
 def test_unknown_task_lists_local_tasks(tiny_model_dir: Path, capsys: pytest.CaptureFixture
                                         ) -> None:
     rc = main(["eval", "--model", str(tiny_model_dir), "--tasks", "no_such_task_xyz"])
@@ -143,3 +155,20 @@ def test_checkpoint_missing_tensors_fails_clearly(tiny_rtn: Path, text_file: Pat
 def test_calibration_without_tasks_is_an_error(capsys: pytest.CaptureFixture) -> None:
     assert main(["eval", "--calibration"]) == 2
     assert "--tasks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_default_model_ppl_defaults(default_model_dir: Path, tmp_path: Path) -> None:
+    """`qcal eval --ppl` with no --model and no --langs: the default model on English."""
+    from qcal.data import CorpusNotFoundError, eval_text
+
+    try:
+        eval_text("en")
+    except CorpusNotFoundError as err:
+        pytest.skip(f"corpus not provisioned ({err})")
+    stem = tmp_path / "ppl"
+    assert main(["eval", "--ppl", "--max-windows", "1", "-o", str(stem)]) == 0
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert data["model"]["path"] == str(default_model_dir)
+    row = data["perplexity"]["model"]["en"]
+    assert row["tokens"] == 511 and 1 < row["ppl"] < 200
