@@ -4,7 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from qcal.packing.format import unpack_cols, unpack_rows
+from qcal.errors import ConfigError
+from qcal.packing.format import PACKABLE_BITS
+
+
+def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 [K / per, N] -> int32 codes [K, N] on packed's own device.
+
+    Same layout as qcal.packing.format.unpack_rows, whose shift table lives on the CPU
+    (so it cannot unpack CUDA tensors).
+    """
+    if bits not in PACKABLE_BITS:
+        raise ConfigError(f"{bits}-bit codes are not packed; packable widths are {PACKABLE_BITS}")
+    per = 32 // bits
+    kp, n = packed.shape
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(per, device=packed.device, dtype=torch.int64).view(1, per, 1) * bits
+    return ((words.unsqueeze(1) >> shifts) & (2**bits - 1)).reshape(kp * per, n).to(torch.int32)
 
 
 def dequantize_packed(
@@ -16,8 +32,8 @@ def dequantize_packed(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Weight [in, out] = scales[g] * (q - z[g]); qzeros hold the true zero points."""
-    q = unpack_rows(qweight, bits)  # [in, out]
-    z = unpack_cols(qzeros, bits)  # [groups, out]
+    q = _unpack_rows(qweight, bits)  # [in, out]
+    z = _unpack_rows(qzeros.T, bits).T  # [groups, out]
     g = g_idx.long()
     w = scales.float()[g] * (q.float() - z.float()[g])
     return w.to(dtype)

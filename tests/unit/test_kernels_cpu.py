@@ -226,3 +226,14 @@ def test_in_place_weight_updates_rebuild_the_repack(monkeypatch: pytest.MonkeyPa
     assert rel_err(after, 2 * before) < BF16_REL
     layer.to(torch.device("cpu"))
     assert not layer._kernel_cache
+
+
+def test_reference_unpacks_on_the_weights_device() -> None:
+    from kernels.reference import _unpack_rows
+    from qcal.packing.format import unpack_rows
+
+    qw, qz, _, _ = packed_weight(64, 32, 32)
+    assert torch.equal(_unpack_rows(qw, 4), unpack_rows(qw, 4))
+    assert torch.equal(_unpack_rows(qz.T, 4).T, unpack_rows(qz.T.contiguous(), 4).T)
+    meta = _unpack_rows(torch.empty(8, 16, dtype=torch.int32, device="meta"), 4)
+    assert meta.device.type == "meta" and meta.shape == (64, 16)  # no CPU-side shift table

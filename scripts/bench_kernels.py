@@ -1,0 +1,311 @@
+"""Benchmark the int4 kernels; writes results/kernels.{json,md}.
+
+CPU part: torch's int4 CPU op (kernels/cpu.py) vs float32 and bf16 `torch.matmul` at
+(M=1, K=N=4096) and (M=64, K=N=4096), timed round-robin in one run (median of --repeats);
+end-to-end greedy decode tokens/s of the default model, float vs qcal RTN-w4 checkpoints
+(made with `qcal quantize --method rtn` when missing), plus the perplexity cost of the
+op's bf16 arithmetic.
+
+GPU part (when CUDA is present): the Triton kernels (autotuned) vs `torch.matmul` fp16 at
+M = 1, 16, 64, 256 and K = N = 4096, 8192, with achieved memory bandwidth as a fraction of
+the device's peak.
+
+Each part replaces its own section of the JSON file named by --merge (default: the output),
+so the CPU run here and the GPU run on a lent machine end up in one table.
+
+    python scripts/bench_kernels.py --part cpu
+    python scripts/bench_kernels.py --part gpu --out $OUT/kernels --merge results/kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from qcal.config import QuantScheme  # noqa: E402
+from qcal.packing.qlinear import QuantLinear  # noqa: E402
+from qcal.quant.base import rtn_quantize  # noqa: E402
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+
+PROMPT = ("The Debian Administrator's Handbook explains how to install, configure and maintain "
+          "a Debian system. In this chapter we look at")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="auto: CPU part, plus the GPU part when CUDA is available")
+    p.add_argument("--out", type=Path, default=Path("results/kernels"), help="output stem")
+    p.add_argument("--merge", type=Path, default=None, help="JSON whose other sections to keep")
+    p.add_argument("--repeats", type=int, default=7, help="timed samples per measurement (median)")
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--groups", default="128,64", help="group sizes of the int4 checkpoints")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs/bench-kernels"))
+    p.add_argument("--ppl-windows", type=int, default=4, help="512-token windows for the ppl check")
+    p.add_argument("--skip-e2e", action="store_true", help="CPU matmuls only")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads; 1 on a shared machine, where multi-thread barriers stall")
+    return p.parse_args(argv)
+
+
+@contextlib.contextmanager
+def kernel_env(value: str | None) -> Iterator[None]:
+    old = os.environ.get("QCAL_KERNEL")
+    if value is None:
+        os.environ.pop("QCAL_KERNEL", None)
+    else:
+        os.environ["QCAL_KERNEL"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("QCAL_KERNEL", None)
+        else:
+            os.environ["QCAL_KERNEL"] = old
+
+
+def time_round_robin(fns: dict[str, Callable[[], Any]], repeats: int, sample_s: float = 0.25) -> dict:
+    """Median/min seconds per call of each fn; samples interleave fns so load drifts hit all alike."""
+    iters = {}
+    for name, fn in fns.items():
+        fn()
+        start = time.perf_counter()
+        fn()
+        iters[name] = max(1, int(sample_s / max(time.perf_counter() - start, 1e-6)))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(iters[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / iters[name])
+    return {name: {"median_ms": 1e3 * statistics.median(s), "min_ms": 1e3 * min(s),
+                   "max_ms": 1e3 * max(s), "iters": iters[name]} for name, s in samples.items()}
+
+
+def random_layer(k: int, n: int, group: int, seed: int = 0) -> QuantLinear:
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.02
+    return QuantLinear.from_result(rtn_quantize(w, QuantScheme(4, group)), None).eval()
+
+
+def cpu_matmuls(repeats: int) -> list[dict]:
+    from kernels.cpu import cpu_int4_matmul, pack_for_cpu
+
+    rows = []
+    layer = random_layer(4096, 4096, 128)
+    packed = pack_for_cpu(layer.qweight, layer.qzeros, layer.scales, layer.g_idx)
+    w32 = layer.dequantized_weight()
+    w16 = w32.to(torch.bfloat16)
+    for m in (1, 64):
+        x32 = torch.randn(m, 4096)
+        x16 = x32.to(torch.bfloat16)
+        with torch.no_grad():
+            t = time_round_robin({
+                "fp32 matmul": lambda x32=x32: torch.matmul(x32, w32.T),
+                "bf16 matmul": lambda x16=x16: torch.matmul(x16, w16.T),
+                "int4 op, bf16 x": lambda x16=x16: cpu_int4_matmul(x16, packed),
+                "int4 op, fp32 x": lambda x32=x32: cpu_int4_matmul(x32, packed),
+            }, repeats)
+            ref = x32 @ w32.T
+            err = float((cpu_int4_matmul(x32, packed) - ref).norm() / ref.norm())
+        rows.append({"M": m, "K": 4096, "N": 4096, "group": 128, "timings": t, "int4_rel_err": err,
+                     "speedup_vs_fp32": t["fp32 matmul"]["median_ms"] / t["int4 op, fp32 x"]["median_ms"],
+                     "speedup_vs_bf16": t["bf16 matmul"]["median_ms"] / t["int4 op, bf16 x"]["median_ms"]})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def ensure_checkpoint(group: int, runs_dir: Path) -> Path:
+    out = runs_dir / f"smollm2-135m-instruct-rtn-w4g{group}"
+    if not (out / "config.json").is_file():
+        from qcal.cli import main as qcal_main
+
+        cmd = ["quantize", "--method", "rtn", "--group-size", str(group), "-o", str(out)]
+        print("qcal " + " ".join(cmd), flush=True)
+        if qcal_main(cmd) != 0:
+            raise SystemExit(f"`qcal {' '.join(cmd)}` failed")
+    return out
+
+
+@torch.no_grad()
+def greedy_decode(model: torch.nn.Module, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, float]:
+    """(generated ids, seconds for the steps after the prefill) with the KV cache."""
+    # transformers 5.24 renamed past_key_values to cache; older 5.x still take the old name.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=ids, use_cache=True)
+    nxt = out.logits[:, -1:].argmax(-1)
+    tokens = [nxt]
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = model(input_ids=nxt, use_cache=True, **{name: out.get(name)})
+        nxt = out.logits[:, -1:].argmax(-1)
+        tokens.append(nxt)
+    return torch.cat(tokens, 1), time.perf_counter() - start
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def kernel_cache_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by the backends' repacked/dequantized weights (beyond the checkpoint buffers)."""
+    total = 0
+    for layer in model.modules():
+        for _, value in getattr(layer, "_kernel_cache", {}).values():
+            parts = value.__dict__.values() if hasattr(value, "__dict__") else [value]
+            total += sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
+    return total
+
+
+def e2e_decode(args: argparse.Namespace) -> dict:
+    from qcal.model.loading import load_model
+
+    groups = [int(g) for g in args.groups.split(",") if g]
+    ckpts = {g: ensure_checkpoint(g, args.runs_dir) for g in groups}
+    variants: list[tuple[str, Any, str | None, str]] = [
+        ("float32", None, None, "float32"), ("bfloat16", None, None, "bfloat16")]
+    for g, path in ckpts.items():
+        variants += [(f"int4 g{g}, bf16 model (auto: int4 op)", path, None, "bfloat16"),
+                     (f"int4 g{g}, fp32 model, QCAL_KERNEL=cpu (int4 op)", path, "cpu", "float32"),
+                     (f"int4 g{g}, fp32 model (auto: reference)", path, None, "float32")]
+    text = None
+    with contextlib.suppress(Exception):
+        from qcal.data import eval_text
+
+        text = eval_text("en")
+    rows, float_tokens = [], None
+    for label, path, backend, dtype in variants:
+        with kernel_env(backend):
+            model, tok, _ = load_model(path, dtype=dtype)
+            ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+            probe = torch.zeros(1, 1, dtype=getattr(torch, dtype))
+            backends = Counter(m.kernel_backend(probe) for m in model.modules()
+                               if isinstance(m, QuantLinear))
+            greedy_decode(model, ids, 4)  # warm-up: repacks, allocator
+            rates, gen = [], None
+            for _ in range(args.repeats):
+                gen, seconds = greedy_decode(model, ids, args.decode_tokens)
+                rates.append(args.decode_tokens / seconds)
+            if float_tokens is None:
+                float_tokens = gen
+            same = (gen == float_tokens)[0].tolist()
+            prefix = same.index(False) if False in same else len(same)
+            row = {"model": label, "checkpoint": str(path) if path else "default model",
+                   "tokens_per_s": statistics.median(rates), "tokens_per_s_min": min(rates),
+                   "tokens_per_s_max": max(rates), "backends": dict(backends),
+                   "weight_MB": weight_bytes(model) / 2**20,
+                   "kernel_cache_MB": kernel_cache_bytes(model) / 2**20,
+                   "greedy_prefix_equal_to_float32": prefix}
+            if text is not None and args.ppl_windows > 0:
+                from qcal.eval.perplexity import perplexity
+
+                res = perplexity(model, tok, text, 512, None, 2, args.ppl_windows, progress=False)
+                row["ppl_en"] = res.ppl
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del model
+    return {"decode_tokens": args.decode_tokens, "prompt_tokens": int(ids.shape[1]),
+            "ppl_text": "debian-handbook en eval split, first windows" if text else None,
+            "checkpoints": {str(g): str(p) for g, p in ckpts.items()}, "rows": rows}
+
+
+def cpu_part(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    section: dict[str, Any] = {"matmul": cpu_matmuls(args.repeats)}
+    if not args.skip_e2e:
+        section["decode"] = e2e_decode(args)
+    load_after = os.getloadavg()
+    section["provenance"] = provenance(
+        model="models/smollm2-135m-instruct (SmolLM2-135M-Instruct, float32, itself dequantized from Q4_1)",
+        data="random weights/activations for the matmuls; PROMPT in scripts/bench_kernels.py for decode",
+        torch_threads=torch.get_num_threads(),
+        load_average=f"{load_before[0]:.2f} at start, {load_after[0]:.2f} at end "
+                     f"({os.cpu_count()} cores; other engineers' jobs share this machine)",
+        timing=f"median of {args.repeats} samples, interleaved round-robin across variants",
+    )
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    merge = args.merge or args.out.with_suffix(".json")
+    data: dict[str, Any] = {}
+    if merge.is_file():
+        data = json.loads(merge.read_text())
+    do_gpu = args.part == "gpu" or (args.part == "auto" and torch.cuda.is_available())
+    if args.part in ("auto", "cpu"):
+        data["cpu"] = cpu_part(args)
+        write_results(args.out, data, render(data))
+    if do_gpu:
+        if not torch.cuda.is_available():
+            raise SystemExit("--part gpu needs a CUDA device")
+        from bench_kernels_gpu import gpu_part  # noqa: E402  (beside this script)
+
+        for section in gpu_part(args.repeats):  # yields the growing section after each shape
+            data["gpu"] = section
+            write_results(args.out, data, render(data))
+    print(f"wrote {args.out.with_suffix('.md')}")
+    return 0
+
+
+def render(data: dict) -> str:
+    from bench_kernels_gpu import render_gpu
+
+    out = ["# int4 matmul kernels", "",
+           "Written by `scripts/bench_kernels.py`; each section states the run that produced it.", ""]
+    cpu = data.get("cpu")
+    if cpu:
+        out += ["## CPU: torch's int4 op vs torch.matmul (K = N = 4096, group 128)", "",
+                provenance_markdown(cpu["provenance"]), ""]
+        rows = []
+        for r in cpu["matmul"]:
+            t = r["timings"]
+            rows.append([r["M"], *(t[k]["median_ms"] for k in ("fp32 matmul", "bf16 matmul",
+                                                                "int4 op, fp32 x", "int4 op, bf16 x")),
+                         r["speedup_vs_fp32"], r["speedup_vs_bf16"], f"{r['int4_rel_err']:.1e}"])
+        out += [markdown_table(["M", "fp32 ms", "bf16 ms", "int4 (fp32 x) ms", "int4 (bf16 x) ms",
+                                "fp32 / int4(fp32 x)", "bf16 / int4(bf16 x)", "int4 rel. err"], rows), "",
+                "Ratios > 1 mean the int4 path is faster. The int4 op computes in bf16 (x, scales and "
+                "output rounded to bf16); `int4 rel. err` is its relative error against the exact "
+                "float32 product of the same int4 weights.", ""]
+        dec = cpu.get("decode")
+        if dec:
+            out += [f"## CPU: end-to-end greedy decode ({dec['decode_tokens']} tokens after a "
+                    f"{dec['prompt_tokens']}-token prompt, batch 1, KV cache)", ""]
+            rows = [[r["model"], r["tokens_per_s"],
+                     f"{r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f}",
+                     r["weight_MB"], r["kernel_cache_MB"],
+                     ", ".join(f"{k}: {v}" for k, v in r["backends"].items()) or "-",
+                     r["greedy_prefix_equal_to_float32"], r.get("ppl_en", "-")] for r in dec["rows"]]
+            out += [markdown_table(["model", "tokens/s (median)", "range", "weights MB", "kernel cache MB",
+                                    "QuantLinear backends",
+                                    "greedy tokens = float32", "ppl (en)"], rows, ".2f"), "",
+                    f"Checkpoints: {dec['checkpoints']} (RTN, asymmetric). Perplexity: {dec['ppl_text']}, "
+                    "same windows for every row. The lm_head (tied 49152 x 576 embedding) and the "
+                    "embedding stay float in every variant.", ""]
+    out += render_gpu(data.get("gpu"))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
