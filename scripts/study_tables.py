@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Multilingual-calibration and ZipCal tables from the study grid (results/study).
+
+Reads the cells of the two grids run by `scripts/run_study_grid.sh`
+(results/multilingual_grid, results/zipcal_grid) and writes
+results/multilingual.{md,json} and results/zipcal.{md,json}. Every number comes
+from the grid's cells (and, for selection cost, results/selectors.json); the
+comparison with the published findings is computed from those numbers.
+Run: python scripts/study_tables.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from qcal.compare import FLOAT_CELL, load_cells  # noqa: E402
+from qcal.compare_report import confidence_rows, ppl_table  # noqa: E402
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+
+SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
+MIXES = ["mix:study10", "mix:en-heavy", "mix:study5"]
+ZIPCAL = ["random", "zipf", "perplexity"]
+
+
+def cell_key(selector: str, method: str) -> str:
+    from qcal.compare import safe_name
+
+    return f"{safe_name(selector)}__{method}"
+
+
+def rows_for(selectors: list[str], methods: list[str], table: dict, langs: list[str],
+             extra: dict[str, dict[str, object]] | None = None) -> list[list[object]]:
+    rows = []
+    for method in methods:
+        for sel in selectors:
+            key = cell_key(sel, method)
+            if key in table:
+                vals = [table[key].get(lang, float("nan")) for lang in langs]
+                rows.append([method, sel, *vals, mean(vals),
+                             *((extra or {}).get(key, {}).values())])
+    return rows
+
+
+def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
+    methods = [m for m in ("gptq", "awq") if any(cell_key(s, m) in table for s in SINGLE)]
+    ref_rows = [[name, "-", *[table[k].get(lang, float("nan")) for lang in langs],
+                 mean(table[k][lang] for lang in langs)]
+                for name, k in (("float", FLOAT_CELL), ("rtn", "none__rtn")) if k in table]
+    body = ref_rows + rows_for(SINGLE + MIXES, methods, table, langs)
+    findings = []
+    data: dict[str, object] = {"provenance": prov, "langs": langs, "perplexity": table,
+                               "findings": {}}
+    for method in methods:
+        en_key = cell_key("ml:en", method)
+        if en_key not in table:
+            continue
+        en_mean = mean(table[en_key][lang] for lang in langs)
+        non_en = [lang for lang in langs if lang != "en"]
+        en_non = mean(table[en_key][lang] for lang in non_en)
+        mix_means = {m: mean(table[cell_key(m, method)][lang] for lang in langs)
+                     for m in MIXES if cell_key(m, method) in table}
+        best_mix = min(mix_means, key=mix_means.get) if mix_means else None
+        aligned = {}
+        for lang in [s.split(":")[1] for s in SINGLE]:
+            if lang not in langs:
+                continue
+            ranking = sorted((table[cell_key(s, method)][lang], s) for s in SINGLE
+                             if cell_key(s, method) in table)
+            aligned[lang] = [s for _, s in ranking].index(f"ml:{lang}") + 1
+        f = {"english_only_mean_ppl": en_mean, "mix_mean_ppl": mix_means, "best_mix": best_mix,
+             "aligned_rank_among_singles": aligned}
+        data["findings"][method] = f  # type: ignore[index]
+        if best_mix:
+            best_non = mean(table[cell_key(best_mix, method)][lang] for lang in non_en)
+            verdict = "agrees" if mix_means[best_mix] < en_mean else "disagrees"
+            findings.append(
+                f"- **{method}, mixes vs English-only**: the best mix ({best_mix}) averages "
+                f"{mix_means[best_mix]:.2f} over the {len(langs)} evaluation languages vs "
+                f"{en_mean:.2f} for English-only calibration ({mix_means[best_mix] - en_mean:+.2f}; "
+                f"non-English only: {best_non - en_non:+.2f}) — this {verdict} with the published "
+                "finding that multilingual mixes lower perplexity.")
+        ones = sum(1 for r in aligned.values() if r == 1)
+        findings.append(
+            f"- **{method}, language-aligned calibration**: the set in the evaluation language is "
+            f"the best of the five single-language sets for {ones} of {len(aligned)} languages "
+            f"(rank per language: {aligned}).")
+        worse = [f"{lang} with {s}" for s in SINGLE + MIXES for lang in langs
+                 if cell_key(s, method) in table and "none__rtn" in table
+                 and table[cell_key(s, method)][lang] > table["none__rtn"][lang]]
+        if worse:
+            findings.append(f"- **{method}, worse than RTN** (language, calibration): "
+                            + ", ".join(worse))
+    plots = [p for p in ("heatmap_gptq.png", "heatmap_awq.png")
+             if (ROOT / "results" / "multilingual_grid" / p).is_file()]
+    md = "\n\n".join([
+        "# Multilingual calibration on SmolLM2-135M (small-scale reproduction)",
+        provenance_markdown(prov),
+        "Five single-language calibration sets (en, de, ru, zh, ar: four scripts) and three "
+        "mixes (`study10`: equal shares of en, de, fr, es, it, pt, ru, ja, zh, ar; `en-heavy`: "
+        "English 1/2, the other nine share 1/2; `study5`: equal shares of the five single "
+        "languages), quantized with GPTQ and AWQ (w4 g128 asym), perplexity on held-out "
+        "handbook chapters (lower is better).",
+        markdown_table(["method", "calibration", *langs, "mean"], body, ".2f"),
+        "## Findings against the published study (computed from the table)",
+        "\n".join(findings) or "(no finished GPTQ/AWQ cells yet)",
+        "Caveats: 16 calibration windows of 256 tokens per set and 4 evaluation windows of 512 "
+        "tokens per language (a 2-core CPU budget), one seed, a 135M model whose float weights "
+        "are themselves dequantized Q4_1, so differences of a few tenths are within noise.",
+        *[f"![{p}](multilingual_grid/{p})" for p in plots],
+    ])
+    write_results(ROOT / "results" / "multilingual", data, md)
+
+
+def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
+    methods = [m for m in ("gptq", "awq") if any(cell_key(s, m) in table for s in ZIPCAL)]
+    stats = {}
+    for sel in ZIPCAL:
+        for method in methods:
+            rec = cells.get(cell_key(sel, method))
+            if rec and rec.get("calibration"):
+                st = rec["calibration"].get("statistics", {})
+                stats[cell_key(sel, method)] = {"types": st.get("types"),
+                                                "ttr": st.get("type_token_ratio")}
+    body = rows_for(ZIPCAL, methods, table, langs, stats)
+    conf = {(r["cell"], r["task"]): r for r in confidence_rows(cells)}
+    acc_rows = [[k, t, r["acc"], r["ece"], r.get("d_conf_true", "-")]
+                for (k, t), r in conf.items() if k.split("__")[0] in ZIPCAL or k == FLOAT_CELL]
+    cost = ROOT / "results" / "selectors.json"
+    cost_line = "Selection cost: results/selectors.json not found (run scripts/bench_selectors.py)."
+    if cost.is_file():
+        c = json.loads(cost.read_text())
+        cost_line = ("Selection cost (scripts/bench_selectors.py, see results/selectors.md): "
+                     + json.dumps(c.get("summary", c.get("timings", {})), default=str)[:600])
+    findings = []
+    for method in methods:
+        z, p, r = (table.get(cell_key(s, method)) for s in ZIPCAL)
+        if z and p and r:
+            zm, pm, rm = (mean(x[lang] for lang in langs) for x in (z, p, r))
+            findings.append(
+                f"- **{method}**: mean perplexity zipf {zm:.2f}, perplexity-selected {pm:.2f}, "
+                f"random {rm:.2f}; English: zipf {z['en']:.2f}, perplexity {p['en']:.2f}, random "
+                f"{r['en']:.2f}. Zipf {'matches or beats' if zm <= pm * 1.01 else 'trails'} "
+                "perplexity-based selection (within 1%) — the published claim is that it matches.")
+    md = "\n\n".join([
+        "# ZipCal comparison: random vs Zipf-diverse vs perplexity-based selection",
+        provenance_markdown(prov),
+        "English calibration pool of the handbook; same budget for every selector.",
+        markdown_table(["method", "selector", *langs, "mean", "types", "type/token"], body, ".3f"),
+        "## Next-sentence task (English, 100 items): accuracy, ECE, change of gold confidence",
+        markdown_table(["cell", "task", "acc", "ece", "d_conf_true"], acc_rows, ".3f"),
+        "## Findings", "\n".join(findings) or "(no finished cells yet)", cost_line,
+    ])
+    write_results(ROOT / "results" / "zipcal", {"provenance": prov, "perplexity": table,
+                                                 "calibration_stats": stats,
+                                                 "findings": findings}, md)
+
+
+def grid_provenance(run: Path, cells: dict) -> dict:
+    spec = json.loads((run / "grid.json").read_text())["spec"]
+    grid_cmd = next(iter(cells.values())).get("provenance", {}).get("command")
+    return provenance(
+        command=f"bash scripts/run_study_grid.sh  (grid: {grid_cmd})",
+        model="SmolLM2-135M-Instruct (default model)",
+        data=f"calibration: {spec['source']} calib split, {spec['nsamples']} x {spec['seqlen']} "
+             f"tokens, seed {spec['seed']}; evaluation: held-out chapters, first "
+             f"{spec['max_windows']} windows of {spec['eval_seqlen']} tokens per language",
+        cells_finished=f"{len(cells)}",
+    )
+
+
+def main() -> None:
+    for name, render in (("multilingual_grid", multilingual), ("zipcal_grid", zipcal)):
+        run = ROOT / "results" / name
+        if not (run / "cells").is_dir():
+            print(f"{run} has no cells yet; run scripts/run_study_grid.sh")
+            continue
+        cells = load_cells(run)
+        langs, table = ppl_table(cells)
+        render(cells, table, langs, grid_provenance(run, cells))
+        print(f"rendered {name}")
+
+
+if __name__ == "__main__":
+    main()
