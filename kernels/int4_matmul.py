@@ -11,8 +11,8 @@ Weights are dequantized in registers: codes are unpacked from int32 words (8 per
 K), zero points from qzeros (8 per word along N), w = (q - z) * s in float32, then cast to
 x's dtype for `tl.dot` with float32 accumulation. Groups are addressed in one of three ways,
 chosen at compile time: contiguous groups with GROUP_SIZE a multiple of BLOCK_K (one scale row
-per tile), contiguous groups otherwise (k // GROUP_SIZE per row, ragged last group fine), or
-arbitrary `g_idx` (act-order; per-row gather).
+per tile) or dividing it (one row per group in the tile, broadcast), both fine with a ragged
+last group; otherwise a per-row gather (arbitrary `g_idx`, i.e. act-order).
 
 Kernels run on CUDA tensors, or on CPU tensors under `TRITON_INTERPRET=1`, which must be set
 before triton is first imported in the process (triton's own jit'd helpers are built then).
@@ -70,26 +70,44 @@ def _int4_matmul_kernel(
     z_shift = (offs_n % 8) * 4
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
+    word_rows = tl.arange(0, BLOCK_K // 8)
+    code_shift = tl.arange(0, 8) * 4
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
-        w_mask = k_mask[:, None] & n_mask[None, :]
         x = tl.load(x_rows + offs_k[None, :] * stride_xk,
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        words = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :] * stride_qn,
-                        mask=w_mask, other=0)
-        q = (words >> ((offs_k % 8) * 4)[:, None]) & 0xF
+        # Each int32 word is loaded once and split into its 8 codes (rows k0 + 8*i + j).
+        wk = k0 // 8 + word_rows
+        words = tl.load(qw_ptr + wk[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                        mask=(wk < K // 8)[:, None] & n_mask[None, :], other=0)
+        q = tl.reshape((words[:, None, :] >> code_shift[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
         if GROUP_SIZE > 0 and GROUP_SIZE % BLOCK_K == 0:
+            # The whole tile lies in one group: one row of scales and zero points.
             g = k0 // GROUP_SIZE
             s = tl.load(sc_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask, other=0.0)
             zw = tl.load(qz_ptr + g * stride_zg + (offs_n // 8) * stride_zn, mask=n_mask, other=0)
             z = (zw >> z_shift) & 0xF
             w = (q - z[None, :]).to(tl.float32) * s.to(tl.float32)[None, :]
+        elif GROUP_SIZE > 0 and BLOCK_K % GROUP_SIZE == 0 and GROUP_SIZE % 8 == 0:
+            # Whole groups inside the tile: load their rows once, broadcast over each group.
+            gr = k0 // GROUP_SIZE + tl.arange(0, BLOCK_K // GROUP_SIZE)
+            g_mask = (gr * GROUP_SIZE < K)[:, None] & n_mask[None, :]
+            s3 = tl.load(sc_ptr + gr[:, None] * stride_sg + offs_n[None, :] * stride_sn,
+                         mask=g_mask, other=0.0)
+            zw3 = tl.load(qz_ptr + gr[:, None] * stride_zg + (offs_n // 8)[None, :] * stride_zn,
+                          mask=g_mask, other=0)
+            z3 = (zw3 >> z_shift[None, :]) & 0xF
+            q3 = tl.reshape(q, (BLOCK_K // GROUP_SIZE, GROUP_SIZE, BLOCK_N))
+            w3 = (q3 - z3[:, None, :]).to(tl.float32) * s3.to(tl.float32)[:, None, :]
+            w = tl.reshape(w3, (BLOCK_K, BLOCK_N))
         else:
+            # Arbitrary g_idx (act-order) or group sizes off the tile grid: per-row gather.
             if GROUP_SIZE > 0:
                 gk = offs_k // GROUP_SIZE
             else:
                 gk = tl.load(gidx_ptr + offs_k, mask=k_mask, other=0)
+            w_mask = k_mask[:, None] & n_mask[None, :]
             s2 = tl.load(sc_ptr + gk[:, None] * stride_sg + offs_n[None, :] * stride_sn,
                          mask=w_mask, other=0.0)
             zw2 = tl.load(qz_ptr + gk[:, None] * stride_zg + (offs_n // 8)[None, :] * stride_zn,

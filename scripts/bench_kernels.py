@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs-dir", type=Path, default=Path("runs/bench-kernels"))
     p.add_argument("--ppl-windows", type=int, default=4, help="512-token windows for the ppl check")
     p.add_argument("--skip-e2e", action="store_true", help="CPU matmuls only")
+    p.add_argument("--render-only", action="store_true", help="rewrite the .md from the JSON, no timing")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; 1 on a shared machine, where multi-thread barriers stall")
     return p.parse_args(argv)
@@ -171,7 +172,7 @@ def kernel_cache_bytes(model: torch.nn.Module) -> int:
     total = 0
     for layer in model.modules():
         for _, value in getattr(layer, "_kernel_cache", {}).values():
-            parts = value.__dict__.values() if hasattr(value, "__dict__") else [value]
+            parts = [value] if isinstance(value, torch.Tensor) else getattr(value, "__dict__", {}).values()
             total += sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
     return total
 
@@ -241,7 +242,9 @@ def cpu_part(args: argparse.Namespace) -> dict:
         torch_threads=torch.get_num_threads(),
         load_average=f"{load_before[0]:.2f} at start, {load_after[0]:.2f} at end "
                      f"({os.cpu_count()} cores; other engineers' jobs share this machine)",
-        timing=f"median of {args.repeats} samples, interleaved round-robin across variants",
+        timing=f"median of {args.repeats} samples, interleaved round-robin across variants; "
+               f"{args.threads} torch thread(s) (--threads): on a machine shared with other jobs, "
+               "multi-thread barriers stall whenever a core is taken",
     )
     return section
 
@@ -252,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {}
     if merge.is_file():
         data = json.loads(merge.read_text())
+    if args.render_only:
+        write_results(args.out, data, render(data))
+        return 0
     do_gpu = args.part == "gpu" or (args.part == "auto" and torch.cuda.is_available())
     if args.part in ("auto", "cpu"):
         data["cpu"] = cpu_part(args)
@@ -300,9 +306,14 @@ def render(data: dict) -> str:
             out += [markdown_table(["model", "tokens/s (median)", "range", "weights MB", "kernel cache MB",
                                     "QuantLinear backends",
                                     "greedy tokens = float32", "ppl (en)"], rows, ".2f"), "",
-                    f"Checkpoints: {dec['checkpoints']} (RTN, asymmetric). Perplexity: {dec['ppl_text']}, "
-                    "same windows for every row. The lm_head (tied 49152 x 576 embedding) and the "
-                    "embedding stay float in every variant.", ""]
+                    f"Checkpoints: {dec['checkpoints']} (RTN, asymmetric, made by `qcal quantize --method "
+                    "rtn`). The lm_head (tied 49152 x 576 embedding) and the embedding stay float in "
+                    "every variant. `weights MB`: parameters and buffers as loaded; `kernel cache MB`: "
+                    "what the backends add (the int4 op's repack, or the reference's dequantized "
+                    "float32 weights). `greedy tokens = float32`: leading generated tokens identical "
+                    "to the float32 model's. `ppl (en)`: " + str(dec["ppl_text"]) + ", 512-token "
+                    "windows, the same for every row; the gap between an int4 row on the op and the "
+                    "same checkpoint on the exact reference is the cost of the op's bf16 arithmetic.", ""]
     out += render_gpu(data.get("gpu"))
     return "\n".join(out)
 

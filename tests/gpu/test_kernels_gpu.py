@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.configs import KernelConfig
 from kernels.reference import int4_matmul_reference
 from qcal.config import QuantScheme
 from qcal.packing.format import pack_cols, pack_rows
@@ -55,6 +56,25 @@ def test_fixed_config_sweep(monkeypatch: pytest.MonkeyPatch, m, k, n, group, act
     y = int4_matmul(x, *weight)
     assert y.dtype == dtype and y.shape == (m, n)
     assert rel_err(y, x, weight) < REL_TOL[dtype]
+
+
+BRANCHES = [  # (M, K, N, group, config): each reaches another compile-time branch or edge
+    (16, 1024, 512, 32, KernelConfig(64, 128, 128, num_stages=3)),  # groups inside a tile
+    (3, 576, 512, 128, KernelConfig(16, 64, 256, split_k=2)),  # ragged, groups inside a tile
+    (16, 576, 512, 128, KernelConfig(32, 64, 64)),  # ragged, one group per tile
+    (40, 960, 256, 48, KernelConfig(32, 64, 64)),  # group 48: per-row gather
+    (7, 1024, 520, 64, KernelConfig(16, 128, 64, split_k=5)),  # N tail, uneven split
+]
+
+
+@pytest.mark.parametrize("m, k, n, group, config", BRANCHES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_branches(m, k, n, group, config, dtype) -> None:
+    from kernels.int4_matmul import int4_matmul
+
+    weight = packed_weight(k, n, group)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    assert rel_err(int4_matmul(x, *weight, config=config), x, weight) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("m", [1, 64])

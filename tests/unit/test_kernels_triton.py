@@ -96,9 +96,10 @@ def test_kernel_matches_reference_bf16(m: int, k: int, n: int, group: int, act: 
 
 # Each config reaches a different compile-time branch or edge of the kernel.
 BRANCHES = [
-    ("rows-k//g", 16, 256, 128, 32, KernelConfig(16, 64, 64)),  # group < BLOCK_K
+    ("groups-in-tile", 16, 256, 128, 32, KernelConfig(16, 64, 64)),  # group < BLOCK_K
     ("ragged-576", 16, 576, 128, 128, None),  # last group of 64
-    ("ragged-per-row", 5, 576, 128, 128, KernelConfig(16, 64, 256, split_k=2)),
+    ("ragged-groups-in-tile", 5, 576, 128, 128, KernelConfig(16, 64, 256, split_k=2)),
+    ("group-48-per-row", 16, 192, 128, 48, None),  # neither divides the other: per-row gather
     ("per-channel", 16, 256, 128, -1, None),
     ("n-tail", 16, 128, 200, 32, None),  # N not a multiple of BLOCK_N
     ("m-tail", 37, 128, 128, 32, None),  # M not a multiple of BLOCK_M
