@@ -225,7 +225,8 @@ def e2e_decode(args: argparse.Namespace) -> dict:
             print(json.dumps(row), flush=True)
             del model
     return {"decode_tokens": args.decode_tokens, "prompt_tokens": int(ids.shape[1]),
-            "ppl_text": "debian-handbook en eval split, first windows" if text else None,
+            "ppl_text": (f"debian-handbook en eval split, first {args.ppl_windows} windows"
+                         if text else None),
             "checkpoints": {str(g): str(p) for g, p in ckpts.items()}, "rows": rows}
 
 
@@ -307,7 +308,9 @@ def render(data: dict) -> str:
                                     "QuantLinear backends",
                                     "greedy tokens = float32", "ppl (en)"], rows, ".2f"), "",
                     f"Checkpoints: {dec['checkpoints']} (RTN, asymmetric, made by `qcal quantize --method "
-                    "rtn`). The lm_head (tied 49152 x 576 embedding) and the embedding stay float in "
+                    "rtn`). Group 128 is ragged on the 576-wide inputs (last group 64): the op serves "
+                    "it with blocks of 64 and repeated scales (kernels/cpu.py; see the backends "
+                    "column). The lm_head (tied 49152 x 576 embedding) and the embedding stay float in "
                     "every variant. `weights MB`: parameters and buffers as loaded; `kernel cache MB`: "
                     "what the backends add (the int4 op's repack, or the reference's dequantized "
                     "float32 weights). `greedy tokens = float32`: leading generated tokens identical "
