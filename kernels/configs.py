@@ -56,10 +56,8 @@ DECODE_CONFIGS = (
     KernelConfig(16, 64, 128, split_k=8, num_warps=4, num_stages=3),
     KernelConfig(16, 128, 128, split_k=4, num_warps=4, num_stages=3),
     KernelConfig(16, 128, 64, split_k=8, num_warps=4, num_stages=4),
-    KernelConfig(16, 64, 256, split_k=2, num_warps=4, num_stages=3),
-    KernelConfig(16, 128, 128, split_k=16, num_warps=4, num_stages=3),
+    KernelConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3),
     KernelConfig(16, 256, 64, split_k=8, num_warps=8, num_stages=3),
-    KernelConfig(16, 64, 64, split_k=16, num_warps=2, num_stages=4),
 )
 
 

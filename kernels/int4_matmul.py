@@ -41,7 +41,8 @@ from kernels.layout import KernelUnsupportedError, check_packed, contiguous_grou
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@triton.jit
+# M varies with every prompt; specializing on it (M == 1, M % 16 == 0) would only multiply compiles.
+@triton.jit(do_not_specialize=["M", "M_BUCKET"])
 def _int4_matmul_kernel(
     x_ptr, qw_ptr, sc_ptr, qz_ptr, gidx_ptr, out_ptr,
     M, N, K, M_BUCKET,

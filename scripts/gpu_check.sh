@@ -27,7 +27,7 @@ unset TRITON_INTERPRET QCAL_KERNEL
 cat "$OUT/env.txt"
 
 echo "== GPU tests"
-timeout 300 "$PY" -m pytest -q -m gpu tests/gpu --noconftest -p no:cacheprovider --maxfail=20 \
+timeout 270 "$PY" -m pytest -q -m gpu tests/gpu --noconftest -p no:cacheprovider --maxfail=20 \
   2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 
