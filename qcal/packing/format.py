@@ -34,7 +34,8 @@ def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if k % per:
         raise ConfigError(f"cannot pack {k} rows into int32 words of {per} {bits}-bit codes")
     c = codes.to(torch.int64).reshape(k // per, per, n)
-    shifts = (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
+    packed_device = codes.device
+    shifts = (torch.arange(per, dtype=torch.int64, device=packed_device) * bits).view(1, per, 1)
     return _to_int32((c << shifts).sum(dim=1))
 
 
@@ -43,7 +44,8 @@ def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     per = _per_word(bits)
     kp, n = packed.shape
     words = packed.to(torch.int64) & 0xFFFFFFFF
-    shifts = (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
+    packed_device = packed.device
+    shifts = (torch.arange(per, dtype=torch.int64, device=packed_device) * bits).view(1, per, 1)
     codes = (words.unsqueeze(1) >> shifts) & (2**bits - 1)
     return codes.reshape(kp * per, n).to(torch.int32)
 

@@ -90,7 +90,7 @@ def test_cli_quantize_then_eval(tiny_model_dir: Path, tmp_path: Path,
     assert main(["eval", "--model", str(out), "--ppl", "--text", str(text), "--seqlen", "64",
                  "--max-windows", "4", "-o", str(result)]) == 0
     data = json.loads(result.read_text())
-    assert data["perplexity"]["file"]["tokens"] == 4 * 63
+    assert data["perplexity"]["model"]["file"]["tokens"] == 4 * 63
 
 
 def test_unknown_model_path_is_a_clear_error(tmp_path: Path,
