@@ -196,3 +196,13 @@ def test_random_selector_is_uniform_over_windows(tok: Any, docs: list[Document])
         picks[idx] += 1
     # 2,000 draws over 50 windows: about 40 each; a biased sampler would leave some far off.
     assert picks.min() > 15 and picks.max() < 70
+
+
+def test_resolve_calib_by_name_under_calib_sets(tok: Any, docs: list[Document], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QCAL_CALIB_DIR", str(tmp_path))
+    calib = build_calib(docs, tok, n=3, seqlen=16, seed=2, selector="zipf")
+    calib.save(tmp_path / "my-set")
+    got = resolve_calib("my-set", tok, nsamples=3, seqlen=16, seed=0)
+    assert got.digest == calib.digest and got.input_ids.dtype == torch.long
+    assert [r["name"] for r in list_calib_sets()] == ["my-set"]
