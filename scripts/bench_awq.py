@@ -153,7 +153,8 @@ def main() -> None:
     for name, label in (("fp32", "float32"), ("rtn", "RTN w4g128"), ("awq", "AWQ w4g128"),
                         ("gptq", "GPTQ w4g128")):
         run = runs.get(name, {})
-        rows.append([label, ppl[name]["ppl"], run.get("wall_s", "-"), run.get("peak_rss_mib", "-")])
+        rows.append([label, f"{ppl[name]['ppl']:.3f}", f"{run['wall_s']:.0f}" if run else "-",
+                     f"{run['peak_rss_mib']:.0f}" if run else "-"])
     search_rows = [[k, v["layers"], round(v["mean_ratio"], 3),
                     f"{100 * v['mean_block_loss_reduction_vs_rtn']:.1f}%"] for k, v in search.items()]
     md = "\n\n".join([
@@ -162,6 +163,9 @@ def main() -> None:
         f"Perplexity on held-out English ({ppl['fp32']['tokens']} tokens scored), quantize wall time "
         "and peak RSS of the `qcal quantize` CLI process (`/usr/bin/time -v`):",
         markdown_table(["model", "perplexity", "quantize wall s", "peak RSS MiB"], rows, ".3f"),
+        "Each step is cached in runs/bench_awq/state.json, so a rerun re-renders these tables "
+        "from the recorded measurements. The wall times are long because the 2-core machine was "
+        "shared with several other jobs (load average about 10) during the runs.",
         "Commands (checkpoints under runs/bench_awq/):\n\n" + "\n".join(
             f"- `{runs[m]['command']}`" for m in ("awq", "rtn", "gptq")),
         "AWQ search (artifact `" + runs["awq"]["checkpoint"] + ".work/" + ARTIFACT_NAME + "`): "
