@@ -185,7 +185,9 @@ def run_evaluation(
         data["lm_eval"] = {"tasks": tasks, "results": lm_metrics, "info": lm_info}
         if base_net is not None:
             data["lm_eval"]["deltas"] = {
-                t: metric_deltas(lm_metrics["base"].get(t, {}), lm_metrics["model"][t])
+                t: {k: v for k, v in metric_deltas(lm_metrics["base"].get(t, {}),
+                                                   lm_metrics["model"][t]).items()
+                    if "stderr" not in k and k != "sample_len"}
                 for t in lm_metrics["model"]
             }
         if cfg.calibration or base_net is not None:

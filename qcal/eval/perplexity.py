@@ -137,6 +137,7 @@ def save_token_nll(path: Path | str, streams: dict[str, torch.Tensor],
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         save_file(tensors, str(tmp), metadata=meta or {})
+        tmp.chmod(0o644)  # safetensors creates 0600; results are meant to be read by others
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)

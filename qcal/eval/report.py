@@ -81,10 +81,10 @@ def _calib_md(calib: dict[str, Any], kind: str) -> str:
     return markdown_table(["task", "role", "n", *CONF_COLS], rows)
 
 
-def _drift_md(drift: dict[str, Any]) -> str:
+def _drift_md(drift: dict[str, Any], kind: str) -> str:
     rows, qrows = [], []
     for task, kinds in drift.items():
-        d = kinds["raw"]
+        d = kinds[kind]
         md, t = d["metric_deltas"], d["ttest_conf_true"]
         rows.append([task, d["n"], _f(md["acc"], "+.4f"), _f(md["conf_true"], "+.4f"),
                      _f(t.get("t"), ".2f"), _f(t.get("p"), ".3g"), _f(d["frac_decreased"], ".3f"),
@@ -137,9 +137,12 @@ def render_markdown(data: dict[str, Any], files: dict[str, str]) -> str:
                 "Same with length-normalised p (softmax of log-likelihood per character, the "
                 "acc_norm convention):", "", _calib_md(data["calibration"], "norm"), ""]
     if "drift" in data:
-        out += ["## Drift from the base model (raw p)", "",
+        out += ["## Drift from the base model", "",
                 "d = model - base per item; t/p: paired t-test on conf_true; flip rate: share "
-                "of items whose predicted answer changed.", "", _drift_md(data["drift"]), ""]
+                "of items whose predicted answer changed; share of loss: the quartile's part of "
+                "all gold-answer probability lost.", "", "Raw p:", "",
+                _drift_md(data["drift"], "raw"), "", "Length-normalised p:", "",
+                _drift_md(data["drift"], "norm"), ""]
     if files:
         out += ["## Files", ""] + [f"- {k}: `{v}`" for k, v in files.items()]
     return "\n".join(out)
@@ -202,19 +205,27 @@ def _reliability(stem: Path, data: dict[str, Any], outcome: EvalOutcome) -> Path
     bins = data["settings"]["ece_bins"]
     rows = []
     for task, per in data["calibration"].items():
-        row = []
-        for role in ("base", "model"):  # float first, quantized beside it
-            if role not in per:
-                continue
-            m = per[role]["raw"]
-            probs, gold = probs_of(outcome.items[role][task], False)
-            correct = (probs.argmax(1) == gold).astype(float)
-            row.append(Panel(f"{task} | {_label(data[role])}",
-                             equal_width_bins(probs.max(1), correct, bins),
-                             m["ece"], m["acc"], m["n"]))
-        rows.append(row)
+        for kind, norm in (("raw", False), ("norm", True)):
+            row = []
+            for role in ("base", "model"):  # float first, quantized beside it
+                if role not in per:
+                    continue
+                m = per[role][kind]
+                probs, gold = probs_of(outcome.items[role][task], norm)
+                correct = (probs.argmax(1) == gold).astype(float)
+                what = "raw p" if kind == "raw" else "length-normalised p"
+                row.append(Panel(f"{task}, {what}\n{_short(data[role])}",
+                                 equal_width_bins(probs.max(1), correct, bins),
+                                 m["ece"], m["acc"], m["n"]))
+            rows.append(row)
     calib = data["model"].get("calibration_set", "float model")
+    base = f" vs {data['base']['name']}" if data.get("base") else ""
     return reliability_diagram(
         rows, stem.with_name(stem.name + "_reliability.png"),
-        suptitle=f"Reliability (raw p, {bins} bins): {_label(data['model'])}",
+        suptitle=f"Reliability ({bins} bins): {_label(data['model'])}{base}",
         footer=f"checkpoint {data['model']['path']}; calibration set: {calib}")
+
+
+def _short(desc: dict[str, Any]) -> str:
+    label = _label(desc)
+    return label[len(desc["name"]):].strip(" ()") or desc["name"]
