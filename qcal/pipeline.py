@@ -15,7 +15,7 @@ from qcal.config import QuantScheme, to_dict
 from qcal.errors import ConfigError
 from qcal.model.arch import arch_for, get_module
 from qcal.model.loading import load_model
-from qcal.packing.checkpoint import save_checkpoint
+from qcal.packing.checkpoint import is_quantized_checkpoint, save_checkpoint
 from qcal.packing.format import PACKABLE_BITS
 from qcal.quant.methods import METHODS, RunOptions, iter_layer_linears
 
@@ -52,6 +52,9 @@ def quantize_model_dir(
             f"{config.scheme.bits}-bit results cannot be packed into a GPTQ checkpoint; "
             f"use bits in {PACKABLE_BITS} (other widths are available as fake-quant in Python)"
         )
+    if opts.weights_dir is None and not is_quantized_checkpoint(src):
+        # Just loaded and unchanged: methods may re-read layers instead of keeping them resident.
+        opts = dataclasses.replace(opts, weights_dir=Path(src))
     started = time.perf_counter()
     losses = spec.run(net, config, calib_ids, opts)
     seconds = time.perf_counter() - started

@@ -101,11 +101,14 @@ def run_layer(
         h = hidden.to(device=device, dtype=dtype)
         out = layer(h, **_to_device(kwargs, device))
         out = out[0] if isinstance(out, tuple) else out
-        out = out.detach().to("cpu", store_dtype or hidden.dtype)
-        if inplace:
-            outs[i] = out
+        out = out.detach()
+        if inplace and out.shape == hidden.shape and hidden.device.type == "cpu" and (
+                store_dtype is None or store_dtype == hidden.dtype):
+            hidden.copy_(out)  # reuse the buffer: no new long-lived allocation per layer
+        elif inplace:
+            outs[i] = out.to("cpu", store_dtype or hidden.dtype)
         else:
-            outs.append(out)
+            outs.append(out.to("cpu", store_dtype or hidden.dtype))
     return outs
 
 

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from qcal.errors import ConfigError
 from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
+from qcal.model.offload import DiskWeights, return_freed_memory
 from qcal.packing.qlinear import QuantLinear
 
 LayerFn = Callable[[int, nn.Module, LayerInputs], dict[str, Any]]
@@ -52,7 +53,8 @@ def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerIn
 def _restore_layer(layer: nn.Module, saved: dict[str, Any]) -> None:
     for name, (inf, outf, bits, group, bias) in saved["quant"].items():
         set_module(layer, name, QuantLinear(inf, outf, bits, group, bias))
-    layer.load_state_dict(saved["state"])
+    # assign: copying into memory-mapped float weights would make their pages resident.
+    layer.load_state_dict(saved["state"], assign=True)
 
 
 def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str
@@ -77,16 +79,20 @@ def sequential_quantize(
     model: nn.Module, spec: ArchSpec, calib_ids: torch.Tensor, quantize_layer: LayerFn, *,
     device: str = "cpu", batch_size: int = 8, progress: bool = True, desc: str = "layers",
     work_dir: Path | None = None, resume: bool = False, fingerprint: str = "",
-    store_dtype: torch.dtype | None = None,
+    store_dtype: torch.dtype | None = None, weights: DiskWeights | None = None,
 ) -> dict[str, Any]:
     """Run `quantize_layer(index, layer, inputs)` over all decoder layers; returns its logs.
 
     `store_dtype` (e.g. torch.float16) keeps the calibration activations between
-    layers compactly; by default they keep the model's dtype.
+    layers compactly; by default they keep the model's dtype. `weights` (the directory
+    a freshly loaded model came from) re-reads each layer's float weights right before
+    it is quantized, so the memory-mapped float model never becomes resident. The
+    process's allocator is tuned to hand freed layers back (see `return_freed_memory`).
     """
     layers = decoder_layers(model, spec)
     logs: dict[str, Any] = {}
     start, inputs = 0, None
+    return_freed_memory()
     if resume and work_dir is not None:
         done, inputs, logs = _resume(work_dir, layers, fingerprint)
         start = done + 1
@@ -94,6 +100,8 @@ def sequential_quantize(
         inputs = capture_layer0_inputs(model, spec, calib_ids, batch_size, device, store_dtype)
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
+        if weights is not None:
+            weights.load_into(layers[index], f"{spec.layers_path}.{index}.")
         layer = layers[index].to(device)
         logs[str(index)] = quantize_layer(index, layer, inputs)
         # In place: the layer's inputs are dead once it is quantized.
@@ -101,6 +109,7 @@ def sequential_quantize(
                              inputs.kwargs)
         _drop_kernel_caches(layer)
         layers[index] = layer.to("cpu") if device != "cpu" else layer
+        return_freed_memory()
         if work_dir is not None:
             _save_progress(work_dir, index, layers[index], inputs, logs, fingerprint)
         bar.update(1)

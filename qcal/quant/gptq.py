@@ -10,6 +10,9 @@ group, which is what the GPTQ checkpoint layout stores.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from qcal.config import GPTQConfig, QuantScheme
@@ -53,6 +56,22 @@ def group_params(
     return _store_scale(scale), zero
 
 
+@contextmanager
+def _few_threads(device: torch.device) -> Iterator[None]:
+    """GPTQ's column loop is thousands of tiny ops, and its Cholesky factorisations are
+    small; on a CPU shared with other work, intra-op threads spin-wait on each other and
+    made both ~10-25x slower than one thread (measured on 2 busy cores)."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def act_order_perm(hessian: torch.Tensor) -> torch.Tensor:
     """Column visiting order for act-order: descending diag(H), ties by index (stable)."""
     return torch.argsort(hessian.diagonal(), descending=True, stable=True)
@@ -66,6 +85,11 @@ def gptq_quantize(
     Returns a QuantResult whose `loss` is `hessian_loss` of the final weights under the
     undamped Hessian (mean squared output error over the calibration tokens).
     """
+    with _few_threads(weight.device):
+        return _gptq(weight, hessian, cfg, name)
+
+
+def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str) -> QuantResult:
     scheme = cfg.scheme
     out_f, in_f = weight.shape
     if tuple(hessian.shape) != (in_f, in_f):
@@ -93,6 +117,34 @@ def gptq_quantize(
     upper, _ = inverse_cholesky(h, cfg.damp_percent, name)
     del h
 
+    codes, scales, zeros = _quantize_columns(w, upper, perm, static, scheme, cfg, g)
+    del upper, w
+
+    if static is not None:
+        scale_t, zero_t = static
+        g_idx = grid.group_index(in_f, g).to(codes.device)
+    else:
+        scale_t, zero_t = torch.stack(scales), torch.stack(zeros)
+        g_idx = torch.empty(in_f, dtype=torch.int32, device=codes.device)
+        g_idx[perm] = torch.arange(in_f, dtype=torch.int32, device=codes.device) // g
+    if cfg.desc_act:
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(in_f, device=perm.device)
+        codes = codes[:, inv]
+    assert scale_t.shape[0] == groups, (scale_t.shape, groups)
+    result = QuantResult(codes.contiguous(), scale_t.contiguous(), zero_t.to(torch.int32),
+                         g_idx, scheme)
+    result.loss = hessian_loss(weight, result.dequantize(), hessian.float())
+    return result
+
+
+def _quantize_columns(
+    w: torch.Tensor, upper: torch.Tensor, perm: torch.Tensor,
+    static: tuple[torch.Tensor, torch.Tensor] | None, scheme: QuantScheme, cfg: GPTQConfig, g: int,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The GPTQ loop over the (permuted) columns of `w`, updated in place; returns the
+    codes in visiting order and the grids of the groups as they were formed."""
+    out_f, in_f = w.shape
     codes = torch.empty(out_f, in_f, dtype=torch.int32, device=w.device)
     scales: list[torch.Tensor] = []
     zeros: list[torch.Tensor] = []
@@ -122,24 +174,7 @@ def gptq_quantize(
             q = grid.quantize(col_w, scale, zero, scheme.maxq)
             codes[:, col] = q
             err = (col_w - grid.dequantize(q, scale, zero)) / u1[i, i]
-            w1[:, i:].sub_(torch.outer(err, u1[i, i:]))
+            w1[:, i:].addr_(err, u1[i, i:], alpha=-1.0)
             err1[:, i] = err
         w[:, i2:].sub_(err1 @ upper[i1:i2, i2:])
-    del upper, w
-
-    if static is not None:
-        scale_t, zero_t = static
-        g_idx = grid.group_index(in_f, g).to(codes.device)
-    else:
-        scale_t, zero_t = torch.stack(scales), torch.stack(zeros)
-        g_idx = torch.empty(in_f, dtype=torch.int32, device=codes.device)
-        g_idx[perm] = torch.arange(in_f, dtype=torch.int32, device=codes.device) // g
-    if cfg.desc_act:
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(in_f, device=perm.device)
-        codes = codes[:, inv]
-    assert scale_t.shape[0] == groups, (scale_t.shape, groups)
-    result = QuantResult(codes.contiguous(), scale_t.contiguous(), zero_t.to(torch.int32),
-                         g_idx, scheme)
-    result.loss = hessian_loss(weight, result.dequantize(), hessian.float())
-    return result
+    return codes, scales, zeros

@@ -34,6 +34,9 @@ class RunOptions:
     work_dir: Path | None = None  # per-layer state for --resume
     resume: bool = False
     log: Callable[[str], None] = print
+    # The float model dir the model was *just* loaded from, unchanged: calibration-based
+    # methods may then re-read each layer from it instead of keeping the model resident.
+    weights_dir: Path | None = None
 
 
 RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]
