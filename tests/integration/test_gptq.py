@@ -144,7 +144,8 @@ def test_resume_continues_after_interruption(tiny_model_dir: Path, calib: torch.
     monkeypatch.setattr(gptq_runner, "quantize_layer_gptq", interrupted)
     first, _, _ = load_model(tiny_model_dir)
     with pytest.raises(KeyboardInterrupt):
-        run_gptq(first, CFG, calib, RunOptions(progress=False, log=lambda _: None, work_dir=work))
+        run_gptq(first, CFG, calib, RunOptions(progress=False, log=lambda _: None, work_dir=work,
+                                               weights_dir=tiny_model_dir))
     assert json.loads((work / "progress.json").read_text())["done"] == 0
 
     monkeypatch.setattr(gptq_runner, "quantize_layer_gptq", real)
@@ -153,7 +154,9 @@ def test_resume_continues_after_interruption(tiny_model_dir: Path, calib: torch.
                         lambda layer, inputs, steps, cfg, prefix="", device="cpu", packed=True:
                         counted.append(prefix) or real(layer, inputs, steps, cfg, prefix, device, packed))
     resumed, _, _ = load_model(tiny_model_dir)
-    opts = RunOptions(progress=False, log=lambda _: None, work_dir=work, resume=True)
+    # Offloaded (layers re-read from disk) and resumed: still the uninterrupted result.
+    opts = RunOptions(progress=False, log=lambda _: None, work_dir=work, resume=True,
+                      weights_dir=tiny_model_dir)
     losses = run_gptq(resumed, CFG, calib, opts)
     assert counted == ["model.layers.1."]  # layer 0 came from disk
     assert losses == pytest.approx(ref_losses)
