@@ -9,6 +9,9 @@
 # LIMIT (items per task; empty = all), OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v qcal >/dev/null && [ -f .venv/bin/activate ]; then
+  . .venv/bin/activate
+fi
 
 LANGS=${LANGS:-en,de,fr,es,ru,ja,zh}
 MAX_WINDOWS=${MAX_WINDOWS:-6}
