@@ -196,3 +196,18 @@ def test_cli_quantize_gptq(tiny_model_dir: Path, tmp_path: Path,
     assert qc["desc_act"] is True and qc["sym"] is True and qc["group_size"] == 64
     assert qc["checkpoint_format"] == "gptq"  # sym zero points are never 0: v1 storage
     assert load_checkpoint(out) is not None
+
+
+@pytest.mark.parametrize(("bits", "packed_type"), [(2, "QuantLinear"), (3, "Linear"), (8, "QuantLinear")])
+def test_other_widths_quantize_the_model(tiny_model_dir: Path, calib: torch.Tensor,
+                                         held_out: torch.Tensor, bits: int, packed_type: str) -> None:
+    """2/8 bits pack into QuantLinear; 3 bits stay fake-quant (no 32-bit word holds them)."""
+    net, _, _ = load_model(tiny_model_dir)
+    with torch.no_grad():
+        fp = net(input_ids=held_out).logits
+    run_gptq(net, GPTQConfig(QuantScheme(bits, 64, sym=False)), calib[:8], QUIET)
+    assert type(get_module(net, "model.layers.1.mlp.up_proj")).__name__ == packed_type
+    with torch.no_grad():
+        drift = (net(input_ids=held_out).logits - fp).abs().mean().item()
+    # Measured 0.10 / 0.043 / 0.0012 (4 bits: 0.020): the error shrinks with the width.
+    assert 0 < drift < {2: 0.3, 3: 0.12, 8: 0.005}[bits]

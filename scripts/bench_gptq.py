@@ -1,0 +1,164 @@
+"""GPTQ vs RTN vs float on the default model: perplexity, loss, time, and the CLI's peak memory.
+
+One calibration set and one held-out text for every row. Each variant quantizes a
+fresh copy of the model in this process (packed QuantLinear layers), then scores the
+English evaluation text of the handbook. Finally `qcal quantize --method gptq` runs as
+a subprocess under `/usr/bin/time -v` for its wall time and peak RSS, and the
+checkpoint it wrote is loaded back and scored too (save -> load on the real model).
+
+    python scripts/bench_gptq.py --nsamples 128 --seqlen 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qcal.calib import resolve_calib
+from qcal.config import GPTQConfig, QuantScheme, RTNConfig
+from qcal.data import eval_text
+from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
+from qcal.model.loading import load_model, resolve_model_dir
+from qcal.paths import results_dir
+from qcal.quant.methods import METHODS, RunOptions
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+
+VARIANTS: dict[str, tuple[str, Any]] = {
+    "rtn-asym": ("rtn", RTNConfig(QuantScheme(4, 128, sym=False))),
+    "rtn-sym": ("rtn", RTNConfig(QuantScheme(4, 128, sym=True))),
+    "gptq-asym": ("gptq", GPTQConfig(QuantScheme(4, 128, sym=False))),
+    "gptq-sym": ("gptq", GPTQConfig(QuantScheme(4, 128, sym=True))),
+    "gptq-asym-act": ("gptq", GPTQConfig(QuantScheme(4, 128, sym=False), desc_act=True)),
+    "gptq-sym-act": ("gptq", GPTQConfig(QuantScheme(4, 128, sym=True), desc_act=True)),
+}
+
+
+def score(net: torch.nn.Module, ids: torch.Tensor, args: argparse.Namespace, desc: str) -> dict:
+    res = perplexity_of_ids(net, ids, args.eval_seqlen, None, args.eval_batch, args.max_windows,
+                            progress=True, desc=desc)
+    return res.summary()
+
+
+def time_cli(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cmd = [shutil.which("qcal") or "qcal", "quantize", "--method", "gptq", "--bits", "4",
+           "--group-size", "128", "--calib", args.calib, "--nsamples", str(args.nsamples),
+           "--seqlen", str(args.seqlen), "--seed", str(args.seed), "-o", str(out)]
+    timed = ["/usr/bin/time", "-v", *cmd]
+    print("$", shlex.join(timed), flush=True)
+    proc = subprocess.run(timed, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"qcal quantize failed:\n{proc.stderr[-3000:]}")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", proc.stderr)
+    parts = [float(p) for p in wall.group(1).split(":")] if wall else []
+    seconds = sum(p * 60**i for i, p in enumerate(reversed(parts)))
+    return {"command": shlex.join(["qcal", *cmd[1:-2], "-o", "<dir>"]),
+            "max_rss_mb": int(rss.group(1)) / 1024 if rss else None,
+            "wall_seconds": round(seconds, 1)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calib", default="debian-handbook")
+    p.add_argument("--nsamples", type=int, default=128)
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-seqlen", type=int, default=512)
+    p.add_argument("--eval-batch", type=int, default=4)
+    p.add_argument("--max-windows", type=int, default=None, help="cap on evaluation windows")
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    p.add_argument("--skip-cli", action="store_true", help="skip the timed CLI run")
+    p.add_argument("--out", type=Path, default=results_dir() / "gptq")
+    args = p.parse_args()
+    torch.manual_seed(0)
+
+    model_dir = resolve_model_dir(None)
+    net, tok, _ = load_model(model_dir)
+    calib = resolve_calib(args.calib, tok, nsamples=args.nsamples, seqlen=args.seqlen,
+                          seed=args.seed)
+    ids = tokenize_text(tok, eval_text("en"))
+    rows: dict[str, dict[str, Any]] = {"fp": {"method": "float", **score(net, ids, args, "fp")}}
+    del net
+    for name in args.variants:
+        method, cfg = VARIANTS[name]
+        net, _, _ = load_model(model_dir)
+        logs: list[str] = []
+        started = time.perf_counter()
+        losses = METHODS.get(method).run(
+            net, cfg, calib.input_ids,
+            RunOptions(progress=True, log=logs.append, weights_dir=model_dir))
+        seconds = time.perf_counter() - started
+        rows[name] = {"method": method, "sym": cfg.scheme.sym,
+                      "desc_act": getattr(cfg, "desc_act", False),
+                      "quantize_seconds": round(seconds, 1), **score(net, ids, args, name)}
+        if method == "gptq":
+            rows[name]["hessian_loss_sum"] = sum(v for v in losses.values() if v is not None)
+        print(name, rows[name], flush=True)
+        del net
+        gc.collect()
+
+    cli: dict[str, Any] | None = None
+    if not args.skip_cli:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-gptq-"))
+        try:
+            cli = time_cli(args, tmp / "ckpt")
+            net, _, _ = load_model(tmp / "ckpt")
+            cli["loaded_checkpoint"] = score(net, ids, args, "cli-ckpt")
+            del net
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        cli["float_file_mb"] = round((model_dir / "model.safetensors").stat().st_size / 2**20, 1)
+
+    fp = rows["fp"]["ppl"]
+    for sym in ("asym", "sym"):
+        rtn = rows.get(f"rtn-{sym}", {}).get("ppl")
+        for name in (f"gptq-{sym}", f"gptq-{sym}-act"):
+            if rtn is not None and name in rows:
+                rows[name]["gap_recovered"] = (rtn - rows[name]["ppl"]) / (rtn - fp)
+    prov = provenance(
+        model=str(model_dir), calibration=calib.manifest.get("digest", calib.manifest),
+        calib_setup=f"{args.calib}, selector random, {args.nsamples} x {args.seqlen} tokens, "
+                    f"seed {args.seed}",
+        evaluation=f"qcal.data.eval_text('en') (held-out handbook chapters), fixed windows of "
+                   f"{args.eval_seqlen}, cap {args.max_windows or 'none'}",
+    )
+    data = {"provenance": prov, "rows": rows, "cli": cli,
+            "calib_manifest": calib.manifest}
+    write_results(args.out, data, render(rows, cli, prov))
+    print(f"wrote {args.out}.json/.md")
+    return 0
+
+
+def render(rows: dict[str, dict[str, Any]], cli: dict[str, Any] | None,
+           prov: dict[str, Any]) -> str:
+    table = [[name, r["method"], r.get("sym", ""), r.get("desc_act", ""), r["ppl"],
+              r.get("gap_recovered", ""), r.get("quantize_seconds", "")]
+             for name, r in rows.items()]
+    md = ["# GPTQ vs RTN (w4, group 128) on the default model", "",
+          markdown_table(["variant", "method", "sym", "act-order", "ppl (en)",
+                          "RTN->fp gap recovered", "quantize s"], table), "",
+          "gap recovered = (ppl_RTN - ppl_GPTQ) / (ppl_RTN - ppl_fp), same symmetry."]
+    if cli:
+        md += ["", "## The CLI run (`/usr/bin/time -v`)", "",
+               f"- Command: `{cli['command']}`",
+               f"- Wall time: {cli['wall_seconds']} s; max RSS: {cli['max_rss_mb']:.0f} MB "
+               f"(float model file {cli['float_file_mb']} MB; budget 2x = "
+               f"{2 * cli['float_file_mb']:.0f} MB)",
+               f"- Its checkpoint, loaded back: ppl {cli['loaded_checkpoint']['ppl']:.3f}"]
+    md += ["", "## Provenance", "", provenance_markdown(prov)]
+    return "\n".join(md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""qcal GPTQ vs GPTQModel on the same model, calibration ids and held-out text, in one run.
+
+Both quantizers run as subprocesses under `/usr/bin/time -v` (wall time, peak RSS),
+one after the other, with matched settings (w4 g128, no act-order, damp 0.01).
+GPTQModel lives in its own virtualenv (`--peer-python`); scripts/peer_gptqmodel_worker.py
+drives it. Then qcal's loader scores both checkpoints on the same windows, and
+GPTQModel's loader scores both too (interoperability in both directions).
+
+    python scripts/bench_gptq_vs_peer.py --peer-python /tmp/peer-venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qcal.calib import resolve_calib
+from qcal.data import eval_text
+from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
+from qcal.model.loading import load_model, resolve_model_dir
+from qcal.paths import results_dir
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+
+WORKER = Path(__file__).with_name("peer_gptqmodel_worker.py")
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `cmd` under /usr/bin/time -v; wall seconds, max RSS, and the failure if any."""
+    print("$", shlex.join(cmd), flush=True)
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", proc.stderr)
+    parts = [float(p) for p in wall.group(1).split(":")] if wall else []
+    out: dict[str, Any] = {
+        "returncode": proc.returncode,
+        "wall_seconds": round(sum(p * 60**i for i, p in enumerate(reversed(parts))), 1),
+        "max_rss_mb": round(int(rss.group(1)) / 1024, 1) if rss else None,
+    }
+    if proc.returncode != 0:
+        out["error_tail"] = (proc.stdout + proc.stderr)[-4000:]
+        print(out["error_tail"], file=sys.stderr)
+    return out
+
+
+def qcal_ppl(path: Path, windows: torch.Tensor) -> dict[str, Any]:
+    try:
+        net, _, _ = load_model(path)
+    except Exception as err:  # noqa: BLE001 - the failure is the result we report
+        return {"error": f"{type(err).__name__}: {err}"}
+    res = perplexity_of_ids(net, windows.reshape(-1), windows.shape[1], None, 4, None,
+                            progress=True, desc=f"qcal-ppl[{path.name}]")
+    return {"ppl": res.ppl, "tokens": res.tokens}
+
+
+def peer_ppl(python: str, path: Path, windows_file: Path, tmp: Path) -> dict[str, Any]:
+    result = tmp / f"peer-ppl-{path.name}.json"
+    run = timed([python, str(WORKER), "ppl", str(path), str(windows_file), str(result)],
+                {"GPTQMODEL_CPU_WORKERS": "2"})
+    if run["returncode"] != 0:
+        return {"error": run.get("error_tail", "")[-1500:]}
+    return json.loads(result.read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peer-python", default="/tmp/peer-venv/bin/python")
+    p.add_argument("--calib", default="debian-handbook")
+    p.add_argument("--nsamples", type=int, default=128)
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--asym", action="store_true", help="asymmetric grid (default symmetric)")
+    p.add_argument("--eval-seqlen", type=int, default=512)
+    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--out", type=Path, default=results_dir() / "gptq_vs_peer")
+    args = p.parse_args()
+    sym = not args.asym
+
+    model_dir = resolve_model_dir(None)
+    _, tok, _ = load_model(model_dir)
+    calib = resolve_calib(args.calib, tok, nsamples=args.nsamples, seqlen=args.seqlen,
+                          seed=args.seed)
+    ids = tokenize_text(tok, eval_text("en"))
+    n = ids.numel() // args.eval_seqlen
+    if args.max_windows:
+        n = min(n, args.max_windows)
+    windows = ids[: n * args.eval_seqlen].view(n, args.eval_seqlen)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-peer-"))
+    try:
+        torch.save(calib.input_ids.clone(), tmp / "calib.pt")
+        torch.save(windows.clone(), tmp / "windows.pt")
+        qcal_dir, peer_dir = tmp / "qcal-gptq", tmp / "peer-gptq"
+        qcal_cmd = [shutil.which("qcal") or "qcal", "quantize", "--method", "gptq", "--bits", "4",
+                    "--group-size", "128", *(["--sym"] if sym else []), "--damp", "0.01",
+                    "--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
+                    str(args.seqlen), "--seed", str(args.seed), "-o", str(qcal_dir)]
+        qcal_run = timed(qcal_cmd)
+        if qcal_run["returncode"] == 0:
+            log = json.loads((qcal_dir / "quant_log.json").read_text())
+            qcal_run["quantize_seconds"] = log["quantize_seconds"]
+            same = (log.get("calibration") or {}).get("digest") == calib.manifest.get("digest")
+            qcal_run["same_calibration_digest"] = same
+        peer_result = tmp / "peer-quant.json"
+        peer_run = timed([args.peer_python, str(WORKER), "quantize", str(model_dir),
+                          str(tmp / "calib.pt"), str(peer_dir), str(peer_result),
+                          *(["--sym"] if sym else [])], {"GPTQMODEL_CPU_WORKERS": "2"})
+        if peer_run["returncode"] == 0:
+            peer_run.update(json.loads(peer_result.read_text()))
+        rows: dict[str, dict[str, Any]] = {}
+        for name, run, path in (("qcal", qcal_run, qcal_dir), ("gptqmodel", peer_run, peer_dir)):
+            ok = run["returncode"] == 0
+            rows[name] = {
+                "run": run,
+                "qcal_loader": qcal_ppl(path, windows) if ok else None,
+                "gptqmodel_loader": peer_ppl(args.peer_python, path, tmp / "windows.pt", tmp)
+                if ok else None,
+            }
+            if ok:
+                qc = json.loads((path / "config.json").read_text()).get("quantization_config", {})
+                rows[name]["quantization_config"] = {
+                    k: qc.get(k) for k in ("quant_method", "bits", "group_size", "sym", "desc_act",
+                                           "checkpoint_format")}
+        fp_net, _, _ = load_model(model_dir)
+        fp = perplexity_of_ids(fp_net, windows.reshape(-1), args.eval_seqlen, None, 4, None,
+                               progress=True, desc="fp").ppl
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    prov = provenance(
+        model=str(model_dir), calibration=calib.manifest.get("digest"),
+        calib_setup=f"{args.calib}, selector random, {args.nsamples} x {args.seqlen}, seed {args.seed}",
+        evaluation=f"qcal.data.eval_text('en'), {n} windows of {args.eval_seqlen}",
+        peer=_peer_version(args.peer_python),
+    )
+    data = {"provenance": prov, "fp_ppl": fp, "sym": sym, "rows": rows}
+    write_results(args.out, data, render(data))
+    print(f"wrote {args.out}.json/.md")
+    return 0
+
+
+def _peer_version(python: str) -> str:
+    try:
+        out = subprocess.run([python, "-c", "import gptqmodel, torch, transformers; print("
+                              "f'gptqmodel {gptqmodel.__version__}, torch {torch.__version__}, "
+                              "transformers {transformers.__version__}')"],
+                             capture_output=True, text=True, timeout=300)
+        return out.stdout.strip().splitlines()[-1] if out.returncode == 0 else out.stderr[-500:]
+    except (OSError, subprocess.TimeoutExpired, IndexError) as err:
+        return f"unavailable: {err}"
+
+
+def _cell(res: dict[str, Any] | None) -> str:
+    if res is None:
+        return "not run"
+    if "error" in res:
+        return "fails: " + res["error"].strip().splitlines()[-1][:160]
+    return f"{res['ppl']:.3f}"
+
+
+def render(data: dict[str, Any]) -> str:
+    rows = []
+    for name, r in data["rows"].items():
+        run = r["run"]
+        rows.append([name, "ok" if run["returncode"] == 0 else "failed", run["wall_seconds"],
+                     run.get("quantize_seconds", ""), run["max_rss_mb"],
+                     _cell(r["qcal_loader"]), _cell(r["gptqmodel_loader"])])
+    md = ["# qcal GPTQ vs GPTQModel (w4 g128, " + ("sym" if data["sym"] else "asym")
+          + ", no act-order, damp 0.01)", "",
+          f"Float model perplexity on the same windows: {data['fp_ppl']:.3f}", "",
+          markdown_table(["quantizer", "run", "process wall s", "quantize s", "max RSS MB",
+                          "ppl, qcal loader", "ppl, GPTQModel loader"], rows), "",
+          "Process wall time includes Python start-up, model load, calibration and save; "
+          "both ran back to back on the same shared 2-core machine."]
+    md += ["", "## Provenance", "", provenance_markdown(data["provenance"])]
+    return "\n".join(md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Runs inside GPTQModel's own virtualenv (no qcal import): quantize, or score a checkpoint.
+
+Called by scripts/bench_gptq_vs_peer.py; every input comes from files it wrote, every
+output goes to a JSON file it reads.
+
+    python peer_gptqmodel_worker.py quantize MODEL_DIR CALIB_IDS.pt OUT_DIR RESULT.json [--sym]
+    python peer_gptqmodel_worker.py ppl CHECKPOINT_DIR EVAL_WINDOWS.pt RESULT.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+
+def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool) -> None:
+    import torch
+    from gptqmodel import GPTQModel, QuantizeConfig
+
+    ids = torch.load(calib_path)
+    calib = [{"input_ids": row.tolist(), "attention_mask": [1] * row.numel()} for row in ids]
+    # Matched to qcal's defaults: plain GPTQ, no act-order, no group-aware reordering.
+    cfg = QuantizeConfig(bits=4, group_size=128, sym=sym, desc_act=False, act_group_aware=False,
+                         damp_percent=0.01)
+    started = time.perf_counter()
+    # float32 like qcal (GPTQModel's CPU default is bfloat16).
+    model = GPTQModel.load(model_dir, cfg, device="cpu", dtype=torch.float32)
+    loaded = time.perf_counter()
+    model.quantize(calib, batch_size=4)
+    quantized = time.perf_counter()
+    model.save(out_dir)
+    saved = time.perf_counter()
+    Path(result).write_text(json.dumps({
+        "load_seconds": round(loaded - started, 1),
+        "quantize_seconds": round(quantized - loaded, 1),
+        "save_seconds": round(saved - quantized, 1),
+        "config": {"bits": 4, "group_size": 128, "sym": sym, "desc_act": False,
+                   "act_group_aware": False, "damp_percent": 0.01},
+    }, indent=2))
+
+
+def ppl(checkpoint: str, windows_path: str, result: str) -> None:
+    import torch
+    import torch.nn.functional as F
+    from gptqmodel import GPTQModel
+
+    windows = torch.load(windows_path)
+    model = GPTQModel.load(checkpoint, device="cpu", dtype=torch.float32)
+    net = model.model
+    net.eval()
+    total, tokens = 0.0, 0
+    started = time.perf_counter()
+    with torch.no_grad():
+        for start in range(0, windows.shape[0], 4):
+            batch = windows[start:start + 4]
+            logits = net(input_ids=batch).logits.float()
+            nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                  batch[:, 1:].reshape(-1), reduction="sum")
+            total += float(nll)
+            tokens += batch[:, 1:].numel()
+    Path(result).write_text(json.dumps({
+        "ppl": math.exp(total / tokens), "tokens": tokens, "windows": int(windows.shape[0]),
+        "seconds": round(time.perf_counter() - started, 1),
+        "kernels": sorted({type(m).__name__ for m in net.modules() if hasattr(m, "qweight")}),
+        "dtype": str(next(net.parameters()).dtype),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    cmd, *rest = sys.argv[1:]
+    if cmd == "quantize":
+        quantize(*rest[:4], sym="--sym" in rest)
+    elif cmd == "ppl":
+        ppl(*rest[:3])
+    else:
+        raise SystemExit(f"unknown command {cmd!r}; use quantize or ppl")
