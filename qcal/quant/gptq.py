@@ -10,6 +10,7 @@ group, which is what the GPTQ checkpoint layout stores.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -114,7 +115,10 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
     if cfg.desc_act:
         w = w[:, perm]
         h = h[perm][:, perm]
-    upper, _ = inverse_cholesky(h, cfg.damp_percent, name)
+    upper, damp = inverse_cholesky(h, cfg.damp_percent, name)
+    if damp != cfg.damp_percent:
+        warnings.warn(f"{name}: the Hessian needed damp_percent={damp:g} (asked "
+                      f"{cfg.damp_percent:g}) to be positive definite", stacklevel=2)
     del h
 
     codes, scales, zeros = _quantize_columns(w, upper, perm, static, scheme, cfg, g)

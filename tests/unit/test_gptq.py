@@ -188,6 +188,10 @@ def test_damping_grows_until_cholesky_succeeds() -> None:
     upper, damp = inverse_cholesky(h, 0.01)
     assert damp == pytest.approx(0.1)
     assert torch.isfinite(upper).all()
+    with pytest.warns(UserWarning, match=r"mlp\.up_proj: the Hessian needed damp_percent=0\.1"):
+        result = gptq_quantize(torch.randn(4, 16), h, GPTQConfig(QuantScheme(4, -1)),
+                               name="mlp.up_proj")
+    assert torch.isfinite(result.dequantize()).all()
 
 
 def test_non_positive_definite_hessian_names_layer_and_fix() -> None:
