@@ -68,7 +68,7 @@ def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None
         best_mix = min(mix_means, key=mix_means.get) if mix_means else None
         aligned = {}
         for lang in [s.split(":")[1] for s in SINGLE]:
-            if lang not in langs:
+            if lang not in langs or cell_key(f"ml:{lang}", method) not in table:
                 continue
             ranking = sorted((table[cell_key(s, method)][lang], s) for s in SINGLE
                              if cell_key(s, method) in table)
@@ -162,7 +162,11 @@ def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
 
 
 def grid_provenance(run: Path, cells: dict) -> dict:
+    from qcal.compare import grid_from_dict, plan_cells
+
     spec = json.loads((run / "grid.json").read_text())["spec"]
+    planned = [c.key for c in plan_cells(grid_from_dict(spec))]
+    missing = [k for k in planned if k not in cells]
     grid_cmd = next(iter(cells.values())).get("provenance", {}).get("command")
     return provenance(
         command=f"bash scripts/run_study_grid.sh  (grid: {grid_cmd})",
@@ -170,7 +174,9 @@ def grid_provenance(run: Path, cells: dict) -> dict:
         data=f"calibration: {spec['source']} calib split, {spec['nsamples']} x {spec['seqlen']} "
              f"tokens, seed {spec['seed']}; evaluation: held-out chapters, first "
              f"{spec['max_windows']} windows of {spec['eval_seqlen']} tokens per language",
-        cells_finished=f"{len(cells)}",
+        cells_finished=f"{len(cells)} of {len(planned)}"
+        + (f" (PARTIAL: not yet run: {', '.join(missing)}; re-run the command to continue)"
+           if missing else ""),
     )
 
 
