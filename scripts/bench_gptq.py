@@ -64,7 +64,7 @@ def time_cli(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     parts = [float(p) for p in wall.group(1).split(":")] if wall else []
     seconds = sum(p * 60**i for i, p in enumerate(reversed(parts)))
     return {"command": shlex.join(["qcal", *cmd[1:-2], "-o", "<dir>"]),
-            "max_rss_mb": int(rss.group(1)) / 1024 if rss else None,
+            "max_rss_mib": int(rss.group(1)) / 1024 if rss else None,
             "wall_seconds": round(seconds, 1)}
 
 
@@ -118,7 +118,7 @@ def main() -> int:
             del net
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        cli["float_file_mb"] = round((model_dir / "model.safetensors").stat().st_size / 2**20, 1)
+        cli["float_file_mib"] = round((model_dir / "model.safetensors").stat().st_size / 2**20, 1)
 
     fp = rows["fp"]["ppl"]
     for sym in ("asym", "sym"):
@@ -152,9 +152,9 @@ def render(rows: dict[str, dict[str, Any]], cli: dict[str, Any] | None,
     if cli:
         md += ["", "## The CLI run (`/usr/bin/time -v`)", "",
                f"- Command: `{cli['command']}`",
-               f"- Wall time: {cli['wall_seconds']} s; max RSS: {cli['max_rss_mb']:.0f} MB "
-               f"(float model file {cli['float_file_mb']} MB; budget 2x = "
-               f"{2 * cli['float_file_mb']:.0f} MB)",
+               f"- Wall time: {cli['wall_seconds']} s; max RSS: {cli['max_rss_mib']:.0f} MiB "
+               f"(float model file {cli['float_file_mib']} MiB; budget 2x = "
+               f"{2 * cli['float_file_mib']:.0f} MiB)",
                f"- Its checkpoint, loaded back: ppl {cli['loaded_checkpoint']['ppl']:.3f}"]
     md += ["", "## Provenance", "", provenance_markdown(prov)]
     return "\n".join(md)
