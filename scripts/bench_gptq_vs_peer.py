@@ -64,9 +64,10 @@ def qcal_ppl(path: Path, windows: torch.Tensor) -> dict[str, Any]:
     return {"ppl": res.ppl, "tokens": res.tokens}
 
 
-def peer_ppl(python: str, path: Path, windows_file: Path, tmp: Path) -> dict[str, Any]:
-    result = tmp / f"peer-ppl-{path.name}.json"
-    run = timed([python, str(WORKER), "ppl", str(path), str(windows_file), str(result)],
+def peer_ppl(python: str, path: Path, windows_file: Path, tmp: Path,
+             cmd: str = "ppl") -> dict[str, Any]:
+    result = tmp / f"peer-{cmd}-{path.name}.json"
+    run = timed([python, str(WORKER), cmd, str(path), str(windows_file), str(result)],
                 {"GPTQMODEL_CPU_WORKERS": "2"})
     if run["returncode"] != 0:
         return {"error": run.get("error_tail", "")[-1500:]}
@@ -126,6 +127,8 @@ def main() -> int:
                 "qcal_loader": qcal_ppl(path, windows) if ok else None,
                 "gptqmodel_loader": peer_ppl(args.peer_python, path, tmp / "windows.pt", tmp)
                 if ok else None,
+                "transformers_loader": peer_ppl(args.peer_python, path, tmp / "windows.pt", tmp,
+                                                "hf-ppl") if ok else None,
             }
             if ok:
                 qc = json.loads((path / "config.json").read_text()).get("quantization_config", {})
@@ -143,6 +146,9 @@ def main() -> int:
         calib_setup=f"{args.calib}, selector random, {args.nsamples} x {args.seqlen}, seed {args.seed}",
         evaluation=f"qcal.data.eval_text('en'), {n} windows of {args.eval_seqlen}",
         peer=_peer_version(args.peer_python),
+        peer_install="python3 -m venv /tmp/peer-venv; BUILD_CUDA_EXT=0 /tmp/peer-venv/bin/pip "
+                     "install torch==2.13.0 gptqmodel==7.6.0 optimum; run with "
+                     "GPTQMODEL_CPU_WORKERS=2",
     )
     data = {"provenance": prov, "fp_ppl": fp, "sym": sym, "rows": rows}
     write_results(args.out, data, render(data))
@@ -151,11 +157,11 @@ def main() -> int:
 
 
 def _peer_version(python: str) -> str:
+    probe = ("import gptqmodel, optimum.version as o, torch, transformers; "
+             "print(f'gptqmodel {gptqmodel.__version__}, optimum {o.__version__}, "
+             "torch {torch.__version__}, transformers {transformers.__version__}')")
     try:
-        out = subprocess.run([python, "-c", "import gptqmodel, torch, transformers; print("
-                              "f'gptqmodel {gptqmodel.__version__}, torch {torch.__version__}, "
-                              "transformers {transformers.__version__}')"],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
         return out.stdout.strip().splitlines()[-1] if out.returncode == 0 else out.stderr[-500:]
     except (OSError, subprocess.TimeoutExpired, IndexError) as err:
         return f"unavailable: {err}"
@@ -175,12 +181,16 @@ def render(data: dict[str, Any]) -> str:
         run = r["run"]
         rows.append([name, "ok" if run["returncode"] == 0 else "failed", run["wall_seconds"],
                      run.get("quantize_seconds", ""), run["max_rss_mb"],
-                     _cell(r["qcal_loader"]), _cell(r["gptqmodel_loader"])])
+                     _cell(r["qcal_loader"]), _cell(r["gptqmodel_loader"]),
+                     _cell(r["transformers_loader"])])
     md = ["# qcal GPTQ vs GPTQModel (w4 g128, " + ("sym" if data["sym"] else "asym")
           + ", no act-order, damp 0.01)", "",
           f"Float model perplexity on the same windows: {data['fp_ppl']:.3f}", "",
           markdown_table(["quantizer", "run", "process wall s", "quantize s", "max RSS MB",
-                          "ppl, qcal loader", "ppl, GPTQModel loader"], rows), "",
+                          "ppl, qcal loader", "ppl, GPTQModel loader",
+                          "ppl, transformers loader"], rows), "",
+          "All loaders compute in float32; GPTQModel and transformers (+ optimum) ran in the "
+          "peer virtualenv with GPTQModel's CPU kernels.", "",
           "Process wall time includes Python start-up, model load, calibration and save; "
           "both ran back to back on the same shared 2-core machine."]
     md += ["", "## Provenance", "", provenance_markdown(data["provenance"])]

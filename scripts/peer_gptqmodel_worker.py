@@ -5,6 +5,8 @@ output goes to a JSON file it reads.
 
     python peer_gptqmodel_worker.py quantize MODEL_DIR CALIB_IDS.pt OUT_DIR RESULT.json [--sym]
     python peer_gptqmodel_worker.py ppl CHECKPOINT_DIR EVAL_WINDOWS.pt RESULT.json
+    python peer_gptqmodel_worker.py hf-ppl CHECKPOINT_DIR EVAL_WINDOWS.pt RESULT.json
+(hf-ppl loads through transformers' GPTQ integration, which needs optimum.)
 """
 
 from __future__ import annotations
@@ -42,14 +44,21 @@ def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bo
     }, indent=2))
 
 
-def ppl(checkpoint: str, windows_path: str, result: str) -> None:
+def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmodel") -> None:
+    """Perplexity of a checkpoint as GPTQModel (or transformers + optimum) loads it."""
     import torch
     import torch.nn.functional as F
-    from gptqmodel import GPTQModel
 
     windows = torch.load(windows_path)
-    model = GPTQModel.load(checkpoint, device="cpu", dtype=torch.float32)
-    net = model.model
+    if loader == "transformers":
+        from transformers import AutoModelForCausalLM
+
+        net = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu",
+                                                   dtype=torch.float32)
+    else:
+        from gptqmodel import GPTQModel
+
+        net = GPTQModel.load(checkpoint, device="cpu", dtype=torch.float32).model
     net.eval()
     total, tokens = 0.0, 0
     started = time.perf_counter()
@@ -75,5 +84,7 @@ if __name__ == "__main__":
         quantize(*rest[:4], sym="--sym" in rest)
     elif cmd == "ppl":
         ppl(*rest[:3])
+    elif cmd == "hf-ppl":
+        ppl(*rest[:3], loader="transformers")
     else:
         raise SystemExit(f"unknown command {cmd!r}; use quantize or ppl")
