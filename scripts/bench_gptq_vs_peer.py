@@ -46,7 +46,7 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "returncode": proc.returncode,
         "wall_seconds": round(sum(p * 60**i for i, p in enumerate(reversed(parts))), 1),
-        "max_rss_mb": round(int(rss.group(1)) / 1024, 1) if rss else None,
+        "max_rss_mib": round(int(rss.group(1)) / 1024, 1) if rss else None,
     }
     if proc.returncode != 0:
         out["error_tail"] = (proc.stdout + proc.stderr)[-4000:]
@@ -77,6 +77,7 @@ def peer_ppl(python: str, path: Path, windows_file: Path, tmp: Path,
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--peer-python", default="/tmp/peer-venv/bin/python")
+    p.add_argument("--model", default=None, help="float HF model dir (default: the embedded model)")
     p.add_argument("--calib", default="debian-handbook")
     p.add_argument("--nsamples", type=int, default=128)
     p.add_argument("--seqlen", type=int, default=512)
@@ -88,7 +89,7 @@ def main() -> int:
     args = p.parse_args()
     sym = not args.asym
 
-    model_dir = resolve_model_dir(None)
+    model_dir = resolve_model_dir(args.model)
     _, tok, _ = load_model(model_dir)
     calib = resolve_calib(args.calib, tok, nsamples=args.nsamples, seqlen=args.seqlen,
                           seed=args.seed)
@@ -103,7 +104,8 @@ def main() -> int:
         torch.save(calib.input_ids.clone(), tmp / "calib.pt")
         torch.save(windows.clone(), tmp / "windows.pt")
         qcal_dir, peer_dir = tmp / "qcal-gptq", tmp / "peer-gptq"
-        qcal_cmd = [shutil.which("qcal") or "qcal", "quantize", "--method", "gptq", "--bits", "4",
+        qcal_cmd = [shutil.which("qcal") or "qcal", "quantize", "--model", str(model_dir),
+                    "--method", "gptq", "--bits", "4",
                     "--group-size", "128", *(["--sym"] if sym else []), "--damp", "0.01",
                     "--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
                     str(args.seqlen), "--seed", str(args.seed), "-o", str(qcal_dir)]
@@ -180,19 +182,21 @@ def render(data: dict[str, Any]) -> str:
     for name, r in data["rows"].items():
         run = r["run"]
         rows.append([name, "ok" if run["returncode"] == 0 else "failed", run["wall_seconds"],
-                     run.get("quantize_seconds", ""), run["max_rss_mb"],
+                     run.get("quantize_seconds", ""), run["max_rss_mib"],
                      _cell(r["qcal_loader"]), _cell(r["gptqmodel_loader"]),
                      _cell(r["transformers_loader"])])
     md = ["# qcal GPTQ vs GPTQModel (w4 g128, " + ("sym" if data["sym"] else "asym")
           + ", no act-order, damp 0.01)", "",
           f"Float model perplexity on the same windows: {data['fp_ppl']:.3f}", "",
-          markdown_table(["quantizer", "run", "process wall s", "quantize s", "max RSS MB",
+          markdown_table(["quantizer", "run", "process wall s", "quantize s", "max RSS MiB",
                           "ppl, qcal loader", "ppl, GPTQModel loader",
                           "ppl, transformers loader"], rows), "",
           "All loaders compute in float32; GPTQModel and transformers (+ optimum) ran in the "
           "peer virtualenv with GPTQModel's CPU kernels.", "",
           "Process wall time includes Python start-up, model load, calibration and save; "
-          "both ran back to back on the same shared 2-core machine."]
+          "both ran back to back on the same shared 2-core machine. qcal's CLI rebuilt the "
+          "calibration set from the same source and seed; digest identical to the ids given "
+          f"to GPTQModel: {data['rows']['qcal']['run'].get('same_calibration_digest')}."]
     md += ["", "## Provenance", "", provenance_markdown(data["provenance"])]
     return "\n".join(md)
 
