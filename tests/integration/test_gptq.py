@@ -211,3 +211,20 @@ def test_other_widths_quantize_the_model(tiny_model_dir: Path, calib: torch.Tens
         drift = (net(input_ids=held_out).logits - fp).abs().mean().item()
     # Measured 0.10 / 0.043 / 0.0012 (4 bits: 0.020): the error shrinks with the width.
     assert 0 < drift < {2: 0.3, 3: 0.12, 8: 0.005}[bits]
+
+
+def test_disk_weights_restore_a_layer_from_its_files(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from qcal.errors import ModelNotFoundError
+    from qcal.model.offload import DiskWeights
+
+    net, _, _ = load_model(tiny_model_dir)
+    layer = net.model.layers[1]
+    want = {k: v.clone() for k, v in layer.state_dict().items()}
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.zero_()
+    assert DiskWeights(tiny_model_dir).load_into(layer, "model.layers.1.") == len(want) == 9
+    for key, value in layer.state_dict().items():
+        assert torch.equal(value, want[key]), key
+    with pytest.raises(ModelNotFoundError, match="no \\*.safetensors"):
+        DiskWeights(tmp_path)
