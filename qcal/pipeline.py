@@ -82,38 +82,3 @@ def default_output_dir(model: str | Path | None, method: str, scheme: QuantSchem
     g = "c" if scheme.group_size == -1 else str(scheme.group_size)
     sym = "-sym" if scheme.sym else ""
     return runs_dir() / f"{base}-{method}-w{scheme.bits}g{g}{sym}{tag}"
-
-
-def evaluate_perplexity(
-    model: str | Path | None, langs: list[str], seqlen: int = 512, stride: int | None = None,
-    batch_size: int = 4, max_windows: int | None = None, text_file: Path | None = None,
-    source: str = "debian-handbook", progress: bool = True,
-) -> dict[str, Any]:
-    """Per-language perplexity of a float model or a qcal checkpoint on held-out text."""
-    from qcal.data import eval_text
-    from qcal.eval.perplexity import perplexity
-
-    net, tokenizer, path = load_model(model)
-    texts: dict[str, str] = {}
-    if text_file is not None:
-        if not Path(text_file).is_file():
-            raise ConfigError(f"--text file {text_file} does not exist")
-        texts["file"] = Path(text_file).read_text(encoding="utf-8")
-    else:
-        for lang in langs:
-            texts[lang] = eval_text(lang, source=source)
-    per_lang: dict[str, Any] = {}
-    for lang, text in texts.items():
-        res = perplexity(net, tokenizer, text, seqlen, stride, batch_size, max_windows,
-                         progress, desc=f"ppl[{lang}]")
-        per_lang[lang] = res.summary()
-    return {"model": str(path), "source": source if text_file is None else str(text_file),
-            "settings": dataclasses.asdict(_PplSettings(seqlen, stride, max_windows)),
-            "perplexity": per_lang}
-
-
-@dataclasses.dataclass(frozen=True)
-class _PplSettings:
-    seqlen: int
-    stride: int | None
-    max_windows: int | None
