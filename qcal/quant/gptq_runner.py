@@ -20,6 +20,7 @@ from qcal.config import GPTQConfig, to_json
 from qcal.errors import ConfigError
 from qcal.model.arch import ArchSpec, arch_for
 from qcal.model.capture import LayerInputs, feed_linear_inputs
+from qcal.model.offload import DiskWeights
 from qcal.model.sequential import layer_linear, sequential_quantize
 from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian
@@ -124,6 +125,7 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
             progress=opts.progress, desc="gptq", work_dir=opts.work_dir, resume=opts.resume,
             fingerprint=fingerprint(model, cfg, calib, opts.packed),
             store_dtype=None if store == model_dtype else store,
+            weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
         )
     return {f"{spec.layers_path}.{index}.{name}": loss
             for index, per_layer in logs.items() for name, loss in per_layer.items()}
