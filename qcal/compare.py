@@ -39,6 +39,7 @@ class GridSpec:
     bits: int = 4
     group_size: int = 128
     sym: bool = False
+    desc_act: bool = False  # GPTQ act-order; ignored by the other methods
     source: str = "debian-handbook"
     nsamples: int = 128
     seqlen: int = 512
@@ -122,8 +123,10 @@ def plan_cells(spec: GridSpec) -> list[Cell]:
     return cells
 
 
-def method_config(method: str, scheme: QuantScheme) -> Any:
-    return {"rtn": RTNConfig, "gptq": GPTQConfig, "awq": AWQConfig}[method](scheme=scheme)
+def method_config(method: str, spec: GridSpec) -> Any:
+    if method == "gptq":
+        return GPTQConfig(scheme=spec.scheme, desc_act=spec.desc_act)
+    return {"rtn": RTNConfig, "awq": AWQConfig}[method](scheme=spec.scheme)
 
 
 def calib_recipe_key(spec: GridSpec, selector: str, tokenizer_name: str) -> str:
@@ -207,7 +210,7 @@ class GridRunner:
                 opts = RunOptions(progress=self.progress, work_dir=Path(str(ckpt) + ".work"),
                                   resume=True)
                 quantize_model_dir(model_dir, cell.method,
-                                   method_config(cell.method, self.spec.scheme), ckpt, ids,
+                                   method_config(cell.method, self.spec), ckpt, ids,
                                    manifest, opts)
                 shutil.rmtree(Path(str(ckpt) + ".work"), ignore_errors=True)
             log = json.loads((ckpt / "quant_log.json").read_text())

@@ -18,6 +18,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bits", type=int, default=None)
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--sym", action="store_true", default=None)
+    p.add_argument("--desc-act", action="store_true", default=None,
+                   help="GPTQ act-order (columns by descending Hessian diagonal)")
     p.add_argument("--source", default=None, help="calibration source (default debian-handbook)")
     p.add_argument("--nsamples", type=int, default=None)
     p.add_argument("--seqlen", type=int, default=None)
@@ -40,7 +42,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": args.name, "model": args.model, "selectors": args.selectors,
         "methods": args.methods, "bits": args.bits, "group_size": args.group_size,
-        "sym": args.sym, "source": args.source, "nsamples": args.nsamples,
+        "sym": args.sym, "desc_act": args.desc_act, "source": args.source, "nsamples": args.nsamples,
         "seqlen": args.seqlen, "seed": args.seed, "eval_langs": args.eval_langs,
         "eval_seqlen": args.eval_seqlen, "max_windows": args.max_windows, "limit": args.limit,
     }

@@ -114,3 +114,22 @@ def test_cli_compare_with_config_file(tiny_model_dir: Path, texts, tmp_path: Pat
     assert (tmp_path / "res" / "cli" / "report.md").is_file()
     assert main(["report", str(tmp_path / "res" / "cli")]) == 0
     assert compare.load_cells(tmp_path / "res" / "cli").keys() == {"float", "none__rtn"}
+
+
+def test_desc_act_reaches_gptq_config_only(tiny_model_dir: Path, texts) -> None:
+    spec = spec_for(tiny_model_dir, texts, desc_act=True, methods=("rtn", "gptq", "awq"))
+    assert compare.method_config("gptq", spec).desc_act is True
+    assert compare.method_config("gptq", spec_for(tiny_model_dir, texts)).desc_act is False
+    assert not hasattr(compare.method_config("rtn", spec), "desc_act")
+
+
+def test_cli_desc_act_flag_sets_grid_field() -> None:
+    import argparse
+
+    from qcal.commands.compare import _overrides, add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    on = _overrides(parser.parse_args(["compare", "--desc-act"]))
+    off = _overrides(parser.parse_args(["compare"]))
+    assert on["desc_act"] is True and "desc_act" not in off
