@@ -1,7 +1,7 @@
 """qcal GPTQ vs GPTQModel on the same model, calibration ids and held-out text, in one run.
 
 Both quantizers run as subprocesses under `/usr/bin/time -v` (wall time, peak RSS),
-one after the other, with matched settings (w4 g128, no act-order, damp 0.01).
+one after the other, with matched settings (w4 g128, damp 0.01, act-order with --desc-act).
 GPTQModel lives in its own virtualenv (`--peer-python`); scripts/peer_gptqmodel_worker.py
 drives it. Then qcal's loader scores both checkpoints on the same windows, and
 GPTQModel's loader scores both too (interoperability in both directions).
@@ -85,8 +85,12 @@ def main() -> int:
     p.add_argument("--asym", action="store_true", help="asymmetric grid (default symmetric)")
     p.add_argument("--eval-seqlen", type=int, default=512)
     p.add_argument("--max-windows", type=int, default=None)
-    p.add_argument("--out", type=Path, default=results_dir() / "gptq_vs_peer")
+    p.add_argument("--desc-act", action="store_true", help="act-order in both quantizers")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results stem (default results/gptq_vs_peer[_act])")
     args = p.parse_args()
+    if args.out is None:
+        args.out = results_dir() / ("gptq_vs_peer_act" if args.desc_act else "gptq_vs_peer")
     sym = not args.asym
 
     model_dir = resolve_model_dir(args.model)
@@ -106,7 +110,8 @@ def main() -> int:
         qcal_dir, peer_dir = tmp / "qcal-gptq", tmp / "peer-gptq"
         qcal_cmd = [shutil.which("qcal") or "qcal", "quantize", "--model", str(model_dir),
                     "--method", "gptq", "--bits", "4",
-                    "--group-size", "128", *(["--sym"] if sym else []), "--damp", "0.01",
+                    "--group-size", "128", *(["--sym"] if sym else []),
+                    *(["--desc-act"] if args.desc_act else []), "--damp", "0.01",
                     "--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
                     str(args.seqlen), "--seed", str(args.seed), "-o", str(qcal_dir)]
         qcal_run = timed(qcal_cmd)
@@ -118,7 +123,9 @@ def main() -> int:
         peer_result = tmp / "peer-quant.json"
         peer_run = timed([args.peer_python, str(WORKER), "quantize", str(model_dir),
                           str(tmp / "calib.pt"), str(peer_dir), str(peer_result),
-                          *(["--sym"] if sym else [])], {"GPTQMODEL_CPU_WORKERS": "2"})
+                          *(["--sym"] if sym else []),
+                          *(["--desc-act"] if args.desc_act else [])],
+                         {"GPTQMODEL_CPU_WORKERS": "2"})
         if peer_run["returncode"] == 0:
             peer_run.update(json.loads(peer_result.read_text()))
         rows: dict[str, dict[str, Any]] = {}
@@ -152,7 +159,8 @@ def main() -> int:
                      "install torch==2.13.0 gptqmodel==7.6.0 optimum; run with "
                      "GPTQMODEL_CPU_WORKERS=2",
     )
-    data = {"provenance": prov, "fp_ppl": fp, "sym": sym, "rows": rows}
+    data = {"provenance": prov, "fp_ppl": fp, "sym": sym, "desc_act": args.desc_act,
+            "rows": rows}
     write_results(args.out, data, render(data))
     print(f"wrote {args.out}.json/.md")
     return 0
@@ -186,7 +194,7 @@ def render(data: dict[str, Any]) -> str:
                      _cell(r["qcal_loader"]), _cell(r["gptqmodel_loader"]),
                      _cell(r["transformers_loader"])])
     md = ["# qcal GPTQ vs GPTQModel (w4 g128, " + ("sym" if data["sym"] else "asym")
-          + ", no act-order, damp 0.01)", "",
+          + (", act-order" if data.get("desc_act") else ", no act-order") + ", damp 0.01)", "",
           f"Float model perplexity on the same windows: {data['fp_ppl']:.3f}", "",
           markdown_table(["quantizer", "run", "process wall s", "quantize s", "max RSS MiB",
                           "ppl, qcal loader", "ppl, GPTQModel loader",

@@ -3,7 +3,7 @@
 Called by scripts/bench_gptq_vs_peer.py; every input comes from files it wrote, every
 output goes to a JSON file it reads.
 
-    python peer_gptqmodel_worker.py quantize MODEL_DIR CALIB_IDS.pt OUT_DIR RESULT.json [--sym]
+    python peer_gptqmodel_worker.py quantize MODEL_DIR CALIB_IDS.pt OUT_DIR RESULT.json [--sym] [--desc-act]
     python peer_gptqmodel_worker.py ppl CHECKPOINT_DIR EVAL_WINDOWS.pt RESULT.json
     python peer_gptqmodel_worker.py hf-ppl CHECKPOINT_DIR EVAL_WINDOWS.pt RESULT.json
 (hf-ppl loads through transformers' GPTQ integration, which needs optimum.)
@@ -18,14 +18,16 @@ import time
 from pathlib import Path
 
 
-def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool) -> None:
+def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool,
+             desc_act: bool = False) -> None:
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
 
     ids = torch.load(calib_path)
     calib = [{"input_ids": row.tolist(), "attention_mask": [1] * row.numel()} for row in ids]
-    # Matched to qcal's defaults: plain GPTQ, no act-order, no group-aware reordering.
-    cfg = QuantizeConfig(bits=4, group_size=128, sym=sym, desc_act=False, act_group_aware=False,
+    # Matched to qcal's settings: plain GPTQ (act-order only when asked), no group-aware
+    # reordering (a GPTQModel extension qcal does not have).
+    cfg = QuantizeConfig(bits=4, group_size=128, sym=sym, desc_act=desc_act, act_group_aware=False,
                          damp_percent=0.01)
     started = time.perf_counter()
     # float32 like qcal (GPTQModel's CPU default is bfloat16).
@@ -39,7 +41,7 @@ def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bo
         "load_seconds": round(loaded - started, 1),
         "quantize_seconds": round(quantized - loaded, 1),
         "save_seconds": round(saved - quantized, 1),
-        "config": {"bits": 4, "group_size": 128, "sym": sym, "desc_act": False,
+        "config": {"bits": 4, "group_size": 128, "sym": sym, "desc_act": desc_act,
                    "act_group_aware": False, "damp_percent": 0.01},
     }, indent=2))
 
@@ -81,7 +83,7 @@ def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmode
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
     if cmd == "quantize":
-        quantize(*rest[:4], sym="--sym" in rest)
+        quantize(*rest[:4], sym="--sym" in rest, desc_act="--desc-act" in rest)
     elif cmd == "ppl":
         ppl(*rest[:3])
     elif cmd == "hf-ppl":
