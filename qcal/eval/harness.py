@@ -95,6 +95,33 @@ def _check_entry_data(name: str, cfg: dict[str, Any], tm: Any, seen: set[str]) -
                 if not Path(one).is_file() or Path(one).stat().st_size == 0:
                     raise TaskError(f"task {name}: item file {one} is missing or empty; "
                                     "fix dataset_kwargs.data_files in its YAML")
+    elif cfg.get("dataset_path") and not cfg.get("custom_dataset"):
+        _check_hub_dataset_cached(name, str(cfg["dataset_path"]), cfg.get("dataset_name"))
+
+
+# Generic loaders whose data comes from dataset_kwargs files, not from the Hub.
+_FILE_BUILDERS = {"json", "csv", "text", "parquet", "arrow", "pandas"}
+
+
+def _check_hub_dataset_cached(name: str, path: str, config_name: str | None) -> None:
+    """A standard task's Hub dataset must already be in the local HF cache (offline here).
+
+    Checked before any model loads, so a missing dataset costs seconds, not a model load.
+    """
+    if path in _FILE_BUILDERS or Path(path).exists():
+        return
+    from datasets import load_dataset_builder
+
+    try:
+        load_dataset_builder(path, config_name)
+    except Exception as err:  # noqa: BLE001 - any failure means "not usable offline"
+        raise TaskError(
+            f"task {name} needs the Hub dataset {path!r}"
+            + (f" ({config_name})" if config_name else "")
+            + f", which is not in the local HF cache and the Hub is offline here "
+            f"({type(err).__name__}). Use a local task (qcal eval --list-tasks) or copy the "
+            "dataset into the HF datasets cache first"
+        ) from None
 
 
 def resolve_tasks(names: Sequence[str], tm: Any, include_paths: Sequence[Path | str] = ()

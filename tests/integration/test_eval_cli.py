@@ -172,3 +172,17 @@ def test_default_model_ppl_defaults(default_model_dir: Path, tmp_path: Path) -> 
     assert data["model"]["path"] == str(default_model_dir)
     row = data["perplexity"]["model"]["en"]
     assert row["tokens"] == 511 and 1 < row["ppl"] < 200
+
+
+def test_uncached_hub_dataset_fails_before_loading(tiny_model_dir: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "hub_task.yaml").write_text(
+        "task: hub_task\ndataset_path: qcal-tests/never-published\noutput_type: multiple_choice\n"
+        "test_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: 0\ndoc_to_choice: ['a', 'b']\n"
+        "metric_list:\n  - metric: acc\n"
+    )
+    rc = main(["eval", "--model", str(tiny_model_dir), "--tasks", "hub_task",
+               "--include-path", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "qcal-tests/never-published" in err and "local HF cache" in err
+    assert "Traceback" not in err
