@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from kernels.reference import dequantize_packed, int4_matmul_reference
-from qcal.packing.format import pack_cols, pack_rows
+from kernels.testing import random_packed_weight
 from qcal.results import markdown_table, provenance, provenance_markdown
 
 DEVICE = torch.device("cuda")
@@ -54,16 +54,8 @@ def copy_bandwidth() -> float:
 
 
 def make_weight(k: int, n: int, act_order: bool, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    groups = k // GROUP
-    codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
-    zeros = torch.randint(0, 16, (groups, n), generator=gen, dtype=torch.int32)
-    scales = (torch.rand(groups, n, generator=gen) * 2e-3 + 1e-4).half()
-    g_idx = torch.arange(k, dtype=torch.int32) // GROUP
-    if act_order:
-        g_idx = g_idx[torch.randperm(k, generator=gen)]
-    return tuple(t.to(DEVICE) for t in (pack_rows(codes, 4), pack_cols(zeros, 4), scales, g_idx))
-
+    weight = random_packed_weight(k, n, GROUP, act_order, seed, scale_range=(1e-4, 2.1e-3))
+    return tuple(t.to(DEVICE) for t in weight)
 
 def _bench(fn) -> float:  # noqa: ANN001
     import triton.testing

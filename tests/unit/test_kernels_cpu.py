@@ -8,9 +8,9 @@ import torch
 from kernels.cpu import cpu_int4_available, cpu_int4_matmul, pack_for_cpu, unsupported_reason
 from kernels.layout import KernelUnsupportedError, contiguous_group_size
 from kernels.reference import int4_matmul_reference
+from kernels.testing import random_packed_weight
 from qcal.config import QuantScheme
 from qcal.errors import ConfigError, QcalError
-from qcal.packing.format import pack_cols, pack_rows
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
 
@@ -23,17 +23,7 @@ BF16_REL = 1e-2
 
 def packed_weight(k: int, n: int, group: int, act_order: bool = False, seed: int = 0):
     """Random codes/zeros/scales in the GPTQ layout; group -1 = per channel."""
-    gen = torch.Generator().manual_seed(seed)
-    g = k if group == -1 else group
-    groups = -(-k // g)
-    codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
-    zeros = torch.randint(0, 16, (groups, n), generator=gen, dtype=torch.int32)
-    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.002).half()
-    g_idx = torch.arange(k, dtype=torch.int32) // g
-    if act_order:
-        g_idx = g_idx[torch.randperm(k, generator=gen)]
-    return pack_rows(codes, 4), pack_cols(zeros, 4), scales, g_idx
-
+    return random_packed_weight(k, n, group, act_order, seed)
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref.float()).norm() / ref.float().norm())

@@ -19,8 +19,8 @@ import torch
 from kernels.configs import KernelConfig
 from kernels.layout import KernelUnsupportedError
 from kernels.reference import int4_matmul_reference
+from kernels.testing import random_packed_weight
 from qcal.config import QuantScheme
-from qcal.packing.format import pack_cols, pack_rows
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
 
@@ -34,17 +34,8 @@ REL_TOL = {torch.float16: 3e-3, torch.bfloat16: 1.5e-2, torch.float32: 1e-5}
 
 
 def packed_weight(k: int, n: int, group: int, act_order: bool = False, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    g = k if group == -1 else group
-    groups = -(-k // g)
-    codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
-    zeros = torch.randint(0, 16, (groups, n), generator=gen, dtype=torch.int32)
-    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.002).half()
-    g_idx = torch.arange(k, dtype=torch.int32) // g
-    if act_order:
-        g_idx = g_idx[torch.randperm(k, generator=gen)]
-    return pack_rows(codes, 4), pack_cols(zeros, 4), scales, g_idx
-
+    """Random codes/zeros/scales in the GPTQ layout; group -1 = per channel."""
+    return random_packed_weight(k, n, group, act_order, seed)
 
 def check(y: torch.Tensor, x: torch.Tensor, weight) -> None:
     ref = int4_matmul_reference(x.float(), *weight)
