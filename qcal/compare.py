@@ -7,6 +7,10 @@ never recomputed; a cell interrupted after its checkpoint was written only
 re-runs the evaluation, and an interrupted GPTQ/AWQ run resumes from its last
 finished layer. RTN ignores calibration data, so it forms a single cell, and the
 float model is evaluated once as the reference ("float").
+
+With `jobs > 1` cells run in that many spawned worker processes, each with its share
+of the CPU threads; calibration sets are built up front in the parent (so workers
+never race on a cache entry) and only the parent writes cell files.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import multiprocessing
+import os
 import shutil
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +146,10 @@ class GridRunner:
     """Runs a grid under `results_root` (tables) and `work_root` (calib sets, checkpoints)."""
 
     def __init__(self, spec: GridSpec, results_root: Path, work_root: Path,
-                 progress: bool = True) -> None:
-        self.spec, self.progress = spec, progress
+                 progress: bool = True, jobs: int = 1) -> None:
+        if jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        self.spec, self.progress, self.jobs = spec, progress, jobs
         self.results_root, self.work_root = Path(results_root), Path(work_root)
         self.cells_dir = self.results_root / "cells"
 
@@ -234,14 +243,48 @@ class GridRunner:
         cells = plan_cells(self.spec)
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="grid",
                    disable=not self.progress)
+        if self.jobs > 1 and len(todo) > 1:
+            self._run_parallel(todo, bar)
         for cell in todo:
+            if self.cell_path(cell).is_file():  # done by a worker
+                continue
             bar.set_postfix_str(cell.key)
-            record = self.run_cell(cell)
-            record["provenance"] = provenance()
-            atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
+            self._record(cell, self.run_cell(cell))
             bar.update(1)
         bar.close()
         return load_cells(self.results_root)
+
+    def _record(self, cell: Cell, record: dict[str, Any]) -> None:
+        record["provenance"] = provenance()
+        atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
+
+    def _run_parallel(self, todo: list[Cell], bar: Any) -> None:
+        for selector in sorted({c.selector for c in todo if c.selector is not None}):
+            self.calib_for(selector)  # build every calibration set once, here
+        threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
+        with ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx) as pool:
+            running = {pool.submit(_run_cell_in_worker, self.spec, self.results_root,
+                                   self.work_root, cell, threads): cell for cell in todo}
+            try:
+                while running:
+                    bar.set_postfix_str(",".join(sorted(c.key for c in running.values())))
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        cell = running.pop(future)
+                        self._record(cell, future.result())  # a worker's error surfaces here
+                        bar.update(1)
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+
+
+def _run_cell_in_worker(spec: GridSpec, results_root: Path, work_root: Path, cell: Cell,
+                        threads: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(threads)
+    return GridRunner(spec, results_root, work_root, progress=False).run_cell(cell)
 
 
 def load_cells(results_root: Path) -> dict[str, dict[str, Any]]:

@@ -31,6 +31,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-windows", type=int, default=None)
     p.add_argument("--limit", type=int, default=None, help="items per task")
     p.add_argument("--results-dir", type=Path, default=None)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells run at once, in worker processes sharing the CPU threads")
     p.set_defaults(handler=run_compare)
     r = sub.add_parser("report", help="render tables and plots of a comparison grid")
     r.add_argument("run_dir", type=Path, help="results/<run> written by `qcal compare`")
@@ -62,7 +64,7 @@ def run_compare(args: argparse.Namespace) -> int:
     spec = (load_grid_config(args.config, overrides) if args.config
             else grid_from_dict(overrides))
     results_root = (args.results_dir or results_dir()) / spec.name
-    runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name)
+    runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs)
     runner.run()
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")

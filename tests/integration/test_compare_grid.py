@@ -133,3 +133,20 @@ def test_cli_desc_act_flag_sets_grid_field() -> None:
     on = _overrides(parser.parse_args(["compare", "--desc-act"]))
     off = _overrides(parser.parse_args(["compare"]))
     assert on["desc_act"] is True and "desc_act" not in off
+
+
+def test_parallel_jobs_match_sequential_cells(tiny_model_dir: Path, texts, tmp_path: Path) -> None:
+    spec = spec_for(tiny_model_dir, texts, selectors=("random",))
+    seq = GridRunner(spec, tmp_path / "seq", tmp_path / "w1", progress=False).run()
+    par = GridRunner(spec, tmp_path / "par", tmp_path / "w2", progress=False, jobs=2).run()
+    assert sorted(par) == sorted(seq) == ["float", "none__rtn", "random__gptq"]
+    for key in seq:
+        a = seq[key]["eval"]["perplexity"]["model"]["file"]["ppl"]
+        b = par[key]["eval"]["perplexity"]["model"]["file"]["ppl"]
+        assert b == pytest.approx(a, rel=1e-3), key
+    assert par["random__gptq"]["calibration"]["digest"] == seq["random__gptq"]["calibration"]["digest"]
+
+
+def test_jobs_must_be_positive(tiny_model_dir: Path, texts, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--jobs"):
+        GridRunner(spec_for(tiny_model_dir, texts), tmp_path, tmp_path, jobs=0)
