@@ -113,7 +113,7 @@ def _drift_bars(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
     drift = [r for r in rows if "d_conf_true" in r]
     if not drift:
         return []
-    fig, axes = plt.subplots(1, 3, figsize=(13, 0.5 + 0.35 * len(drift)), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(13, max(2.0, 0.8 + 0.35 * len(drift))), sharey=True)
     labels = [f"{r['cell']} [{r['task']}]" for r in drift]
     for ax, metric in zip(axes, ("d_conf_true", "d_ece", "flip_rate"), strict=True):
         ax.barh(range(len(drift)), [r[metric] for r in drift], color="tab:blue")

@@ -150,3 +150,17 @@ def test_parallel_jobs_match_sequential_cells(tiny_model_dir: Path, texts, tmp_p
 def test_jobs_must_be_positive(tiny_model_dir: Path, texts, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--jobs"):
         GridRunner(spec_for(tiny_model_dir, texts), tmp_path, tmp_path, jobs=0)
+
+
+def test_grid_with_task_and_calibration_reports_drift(tiny_model_dir: Path, texts,
+                                                      tmp_path: Path) -> None:
+    spec = spec_for(tiny_model_dir, texts, methods=("rtn",), tasks=("qcal_nextsent_en",),
+                    calibration=True, limit=6)
+    cells = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
+    assert sorted(cells) == ["float", "none__rtn"]
+    assert len(cells["none__rtn"]["items"]["qcal_nextsent_en"]) == 6
+    report = render_report(tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert (tmp_path / "r" / "drift.png").is_file()
+    assert "| ece |" in md and "| d_conf_true |" in md
+    assert report["perplexity"].keys() == {"float", "none__rtn"}
