@@ -18,6 +18,7 @@ from qcal.model.loading import load_model
 from qcal.packing.checkpoint import is_quantized_checkpoint, save_checkpoint
 from qcal.packing.format import PACKABLE_BITS
 from qcal.quant.methods import METHODS, RunOptions, iter_layer_linears
+from qcal.results import atomic_write_text
 
 
 def validate_scheme(model: nn.Module, scheme: QuantScheme) -> None:
@@ -70,8 +71,36 @@ def quantize_model_dir(
     save_checkpoint(net, out_dir, tokenizer, desc_act=getattr(config, "desc_act", False),
                     sym=config.scheme.sym, meta=meta)
     log = {"losses": losses, **meta}
-    (Path(out_dir) / "quant_log.json").write_text(json.dumps(log, indent=2, default=str))
+    # Written last and atomically: its presence marks a finished checkpoint (qcal compare).
+    atomic_write_text(Path(out_dir) / "quant_log.json", json.dumps(log, indent=2, default=str))
     return log
+
+
+def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
+                         out_dir: Path) -> dict[str, Any]:
+    """Apply a saved AWQ search (scales, clips) to `model` and write the checkpoint.
+
+    No calibration data and no search: the artifact (`<checkpoint>.work/awq_search.pt`
+    of an earlier `qcal quantize --method awq`) fixes every choice, so the result equals
+    that run's checkpoint.
+    """
+    from qcal.config import AWQConfig, from_dict
+    from qcal.quant.awq_runner import apply_awq_artifact, load_artifact
+
+    art = load_artifact(artifact)
+    config = from_dict(AWQConfig, art["config"])
+    net, tokenizer, src = load_model(model)
+    if is_quantized_checkpoint(src):
+        raise ConfigError(f"{src} is already quantized; replay the AWQ artifact on the float model")
+    validate_scheme(net, config.scheme)
+    started = time.perf_counter()
+    apply_awq_artifact(net, art)
+    meta = {"method": "awq", "config": to_dict(config), "source_model": str(src),
+            "calibration": None, "awq_artifact": str(Path(artifact).resolve()),
+            "quantize_seconds": round(time.perf_counter() - started, 2)}
+    save_checkpoint(net, out_dir, tokenizer, desc_act=False, sym=config.scheme.sym, meta=meta)
+    atomic_write_text(Path(out_dir) / "quant_log.json", json.dumps(meta, indent=2, default=str))
+    return meta
 
 
 def default_output_dir(model: str | Path | None, method: str, scheme: QuantScheme,

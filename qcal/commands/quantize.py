@@ -24,6 +24,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ damp_percent")
     p.add_argument("--mse-clip", action="store_true", help="GPTQ: MSE clip search on the grid")
     p.add_argument("--no-clip", action="store_true", help="AWQ: skip the clip search")
+    p.add_argument("--awq-artifact", type=Path, default=None,
+                   help="AWQ: replay a saved search (<checkpoint>.work/awq_search.pt) instead of "
+                        "searching; needs no calibration data")
     p.add_argument("--calib", default="debian-handbook",
                    help="calibration set dir, packaged corpus name, text/JSONL file or hf:<name>")
     p.add_argument("--selector", default="random", help="selector when --calib is a source")
@@ -52,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from qcal.pipeline import default_output_dir, quantize_model_dir
     from qcal.quant.methods import METHODS, RunOptions
 
+    if args.awq_artifact is not None:
+        return _replay_awq(args)
     method = METHODS.get(args.method)
     config = make_config(args)
     out = args.output or default_output_dir(args.model, args.method, config.scheme)
@@ -67,4 +72,21 @@ def run(args: argparse.Namespace) -> int:
     log = quantize_model_dir(args.model, args.method, config, out, calib_ids, manifest, opts)
     print(json.dumps({"output": str(out), "method": args.method,
                       "quantize_seconds": log["quantize_seconds"]}, indent=2))
+    return 0
+
+
+def _replay_awq(args: argparse.Namespace) -> int:
+    from qcal.config import from_dict
+    from qcal.errors import ConfigError
+    from qcal.pipeline import default_output_dir, replay_awq_model_dir
+    from qcal.quant.awq_runner import load_artifact
+
+    if args.method != "awq":
+        raise ConfigError("--awq-artifact replays an AWQ search; use it with --method awq")
+    # The artifact fixes bits/group/sym; name the default output after its scheme.
+    scheme = from_dict(AWQConfig, load_artifact(args.awq_artifact)["config"]).scheme
+    out = args.output or default_output_dir(args.model, "awq", scheme)
+    meta = replay_awq_model_dir(args.model, args.awq_artifact, out)
+    print(json.dumps({"output": str(out), "method": "awq", "awq_artifact": meta["awq_artifact"],
+                      "quantize_seconds": meta["quantize_seconds"]}, indent=2))
     return 0

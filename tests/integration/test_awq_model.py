@@ -143,6 +143,33 @@ def test_cli_quantize_awq_writes_a_loadable_gptq_layout_checkpoint(tiny_model_di
     replayed, _, _ = load_model(tiny_model_dir)
     apply_awq_artifact(replayed, Path(str(out) + ".work", ARTIFACT_NAME))
     assert torch.allclose(replayed(ids).logits, logits, atol=1e-4)
+    # ... and so does the checkpoint `qcal quantize --awq-artifact` writes, with no calib data.
+    again = tmp_path / "replayed"
+    assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
+                 "--awq-artifact", str(Path(str(out) + ".work", ARTIFACT_NAME)),
+                 "-o", str(again)]) == 0
+    assert json.loads((again / "quant_log.json").read_text())["calibration"] is None
+    reloaded, _, _ = load_model(again)
+    assert torch.allclose(reloaded(ids).logits, logits, atol=1e-5)
+
+
+def test_cli_awq_artifact_errors(tiny_model_dir: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture) -> None:
+    from qcal.cli import main
+
+    missing = tmp_path / "nope.pt"
+    assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
+                 "--awq-artifact", str(missing), "-o", str(tmp_path / "o")]) == 2
+    assert "nope.pt does not exist" in capsys.readouterr().err
+    bogus = tmp_path / "bogus.pt"
+    torch.save({"x": 1}, bogus)
+    assert main(["quantize", "--model", str(tiny_model_dir), "--method", "gptq",
+                 "--awq-artifact", str(bogus), "-o", str(tmp_path / "o")]) == 2
+    assert "use it with --method awq" in capsys.readouterr().err
+    assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
+                 "--awq-artifact", str(bogus), "-o", str(tmp_path / "o")]) == 2
+    assert "not a qcal AWQ search artifact" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("selector", ["random", "zipf", "perplexity", "ml:en", "mix:en=0.5,de=0.5"])
