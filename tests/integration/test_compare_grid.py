@@ -164,3 +164,12 @@ def test_grid_with_task_and_calibration_reports_drift(tiny_model_dir: Path, text
     assert (tmp_path / "r" / "drift.png").is_file()
     assert "| ece |" in md and "| d_conf_true |" in md
     assert report["perplexity"].keys() == {"float", "none__rtn"}
+
+
+@pytest.mark.parametrize("name", ["multilingual_grid", "zipcal_grid"])
+def test_study_config_files_parse(name: str) -> None:
+    from qcal.compare import load_grid_config
+
+    spec = load_grid_config(Path(__file__).parents[2] / "configs" / f"{name}.yaml")
+    assert spec.name == name and spec.desc_act and spec.nsamples == 16
+    assert len(plan_cells(spec)) == 2 + 2 * len(spec.selectors)
