@@ -94,8 +94,14 @@ def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None
                  if cell_key(s, method) in table and "none__rtn" in table
                  and table[cell_key(s, method)][lang] > table["none__rtn"][lang]]
         if worse:
-            findings.append(f"- **{method}, worse than RTN** (language, calibration): "
-                            + ", ".join(worse))
+            mixes_done = [m for m in MIXES if cell_key(m, method) in table]
+            mix_worse = [w for w in worse if w.split(" with ")[1] in MIXES]
+            findings.append(
+                f"- **{method}, worse than RTN** (which needs no calibration data): "
+                f"{len(worse) - len(mix_worse)} (language, single-language set) pairs and "
+                f"{len(mix_worse)} of {len(mixes_done) * len(langs)} (language, mix) pairs — "
+                "calibrating on one language can cost the others more than plain rounding: "
+                + ", ".join(worse) + ".")
     plots = [p for p in ("heatmap_gptq.png", "heatmap_awq.png")
              if (ROOT / "results" / "multilingual_grid" / p).is_file()]
     md = "\n\n".join([
@@ -104,7 +110,7 @@ def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None
         "Five single-language calibration sets (en, de, ru, zh, ar: four scripts) and three "
         "mixes (`study10`: equal shares of en, de, fr, es, it, pt, ru, ja, zh, ar; `en-heavy`: "
         "English 1/2, the other nine share 1/2; `study5`: equal shares of the five single "
-        "languages), quantized with GPTQ and AWQ (w4 g128 asym), perplexity on held-out "
+        "languages), quantized with GPTQ (act-order) and AWQ (w4 g128 asym), perplexity on held-out "
         "handbook chapters (lower is better).",
         markdown_table(["method", "calibration", *langs, "mean"], body, ".2f"),
         "## Findings against the published study (computed from the table)",
@@ -131,12 +137,14 @@ def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
     conf = {(r["cell"], r["task"]): r for r in confidence_rows(cells)}
     acc_rows = [[k, t, r["acc"], r["ece"], r.get("d_conf_true", "-")]
                 for (k, t), r in conf.items() if k.split("__")[0] in ZIPCAL or k == FLOAT_CELL]
-    cost = ROOT / "results" / "selectors.json"
-    cost_line = "Selection cost: results/selectors.json not found (run scripts/bench_selectors.py)."
-    if cost.is_file():
-        c = json.loads(cost.read_text())
-        cost_line = ("Selection cost (scripts/bench_selectors.py, see results/selectors.md): "
-                     + json.dumps(c.get("summary", c.get("timings", {})), default=str)[:600])
+    cost = selection_cost(cells)
+    cost_rows = [[sel, c["selection_seconds"], c["windowing_seconds"]] for sel, c in cost.items()]
+    cost_line = ("Selection cost of these very sets (calibration manifests; the perplexity "
+                 "selector scores every window of the pool with the float model): "
+                 + (markdown_table(["selector", "selection s", "windowing s"], cost_rows, ".2f")
+                    if cost_rows else "not recorded (sets built before qcal recorded timing)")
+                 + "\n\nA larger-pool timing of zipf vs perplexity selection is in "
+                   "results/selectors.md (scripts/bench_selectors.py).")
     findings = []
     for method in methods:
         z, p, r = (table.get(cell_key(s, method)) for s in ZIPCAL)
@@ -147,6 +155,11 @@ def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
                 f"random {rm:.2f}; English: zipf {z['en']:.2f}, perplexity {p['en']:.2f}, random "
                 f"{r['en']:.2f}. Zipf {'matches or beats' if zm <= pm * 1.01 else 'trails'} "
                 "perplexity-based selection (within 1%) — the published claim is that it matches.")
+    if "zipf" in cost and "perplexity" in cost and cost["zipf"]["selection_seconds"] > 0:
+        ratio = cost["perplexity"]["selection_seconds"] / cost["zipf"]["selection_seconds"]
+        findings.append(f"- **cost**: selecting these sets took zipf "
+                        f"{cost['zipf']['selection_seconds']:.2f} s vs perplexity "
+                        f"{cost['perplexity']['selection_seconds']:.1f} s ({ratio:.0f}x).")
     md = "\n\n".join([
         "# ZipCal comparison: random vs Zipf-diverse vs perplexity-based selection",
         provenance_markdown(prov),
@@ -161,19 +174,36 @@ def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
                                                  "findings": findings}, md)
 
 
+def selection_cost(cells: dict) -> dict[str, dict[str, float]]:
+    """{selector: timing} from the manifests of the grid's own calibration sets."""
+    out = {}
+    for sel in ZIPCAL:
+        for rec in cells.values():
+            timing = (rec.get("calibration") or {}).get("timing")
+            if rec.get("selector") == sel and timing:
+                out[sel] = timing
+                break
+    return out
+
+
 def grid_provenance(run: Path, cells: dict) -> dict:
     from qcal.compare import grid_from_dict, plan_cells
 
     spec = json.loads((run / "grid.json").read_text())["spec"]
     planned = [c.key for c in plan_cells(grid_from_dict(spec))]
     missing = [k for k in planned if k not in cells]
-    grid_cmd = next(iter(cells.values())).get("provenance", {}).get("command")
+    cell_prov = [rec.get("provenance", {}) for rec in cells.values()]
+    dates = sorted(p["date"] for p in cell_prov if p.get("date"))
+    commits = sorted({p.get("git_commit") for p in cell_prov if p.get("git_commit")})
     return provenance(
-        command=f"bash scripts/run_study_grid.sh  (grid: {grid_cmd})",
+        command=f"bash scripts/run_study_grid.sh  (= qcal compare --config configs/{run.name}.yaml; "
+                "then scripts/study_tables.py)",
+        grid=", ".join(f"{k}={v}" for k, v in spec.items() if v not in (None, [], ())),
         model="SmolLM2-135M-Instruct (default model)",
         data=f"calibration: {spec['source']} calib split, {spec['nsamples']} x {spec['seqlen']} "
              f"tokens, seed {spec['seed']}; evaluation: held-out chapters, first "
              f"{spec['max_windows']} windows of {spec['eval_seqlen']} tokens per language",
+        cells_run=(f"{dates[0]} .. {dates[-1]}, commits {', '.join(commits)}" if dates else "?"),
         cells_finished=f"{len(cells)} of {len(planned)}"
         + (f" (PARTIAL: not yet run: {', '.join(missing)}; re-run the command to continue)"
            if missing else ""),
