@@ -15,12 +15,15 @@ never race on a cache entry) and only the parent writes cell files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import multiprocessing
 import os
 import shutil
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -237,6 +240,26 @@ class GridRunner:
     def run(self) -> dict[str, Any]:
         """Run every pending cell; returns {cell key: record} for the whole grid."""
         self.results_root.mkdir(parents=True, exist_ok=True)
+        with self._exclusive():
+            return self._run_locked()
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One runner per grid: two would compute the same cells into the same files."""
+        with open(self.results_root / ".lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(
+                    f"another `qcal compare` is running the grid in {self.results_root}; wait "
+                    "for it to finish (the lock goes away with its process), or use another --name"
+                ) from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _run_locked(self) -> dict[str, Any]:
         self._clean_stale()
         self._write_spec()
         todo = self.pending()

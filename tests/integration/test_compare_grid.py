@@ -173,3 +173,17 @@ def test_study_config_files_parse(name: str) -> None:
     spec = load_grid_config(Path(__file__).parents[2] / "configs" / f"{name}.yaml")
     assert spec.name == name and spec.desc_act and spec.nsamples == 16
     assert len(plan_cells(spec)) == 2 + 2 * len(spec.selectors)
+
+
+def test_second_runner_on_the_same_grid_is_refused(tiny_model_dir: Path, texts,
+                                                   tmp_path: Path) -> None:
+    import fcntl
+
+    spec = spec_for(tiny_model_dir, texts, methods=("rtn",))
+    (tmp_path / "r").mkdir()
+    with open(tmp_path / "r" / ".lock", "a+") as held:  # as a running `qcal compare` holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="another `qcal compare` is running"):
+            GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    assert not (tmp_path / "r" / "cells").exists()
