@@ -19,7 +19,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,14 @@ from qcal.calib import resolve_calib
 from qcal.data import eval_text
 from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
 from qcal.model.loading import load_model, resolve_model_dir
-from qcal.paths import results_dir
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.paths import results_dir, runs_dir
+from qcal.results import (
+    atomic_write_text,
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    write_results,
+)
 
 WORKER = Path(__file__).with_name("peer_gptqmodel_worker.py")
 
@@ -67,8 +72,9 @@ def qcal_ppl(path: Path, windows: torch.Tensor) -> dict[str, Any]:
 def peer_ppl(python: str, path: Path, windows_file: Path, tmp: Path,
              cmd: str = "ppl") -> dict[str, Any]:
     result = tmp / f"peer-{cmd}-{path.name}.json"
+    # TORCHDYNAMO_DISABLE: GPTQModel's torch kernel otherwise recompiles per input shape.
     run = timed([python, str(WORKER), cmd, str(path), str(windows_file), str(result)],
-                {"GPTQMODEL_CPU_WORKERS": "2"})
+                {"GPTQMODEL_CPU_WORKERS": "2", "TORCHDYNAMO_DISABLE": "1"})
     if run["returncode"] != 0:
         return {"error": run.get("error_tail", "")[-1500:]}
     return json.loads(result.read_text())
@@ -86,6 +92,9 @@ def main() -> int:
     p.add_argument("--eval-seqlen", type=int, default=512)
     p.add_argument("--max-windows", type=int, default=None)
     p.add_argument("--desc-act", action="store_true", help="act-order in both quantizers")
+    p.add_argument("--work", type=Path, default=None,
+                   help="checkpoints and cached steps (default runs/bench_gptq_vs_peer[_act])")
+    p.add_argument("--fresh", action="store_true", help="discard cached steps and start over")
     p.add_argument("--out", type=Path, default=None,
                    help="results stem (default results/gptq_vs_peer[_act])")
     args = p.parse_args()
@@ -102,53 +111,82 @@ def main() -> int:
     if args.max_windows:
         n = min(n, args.max_windows)
     windows = ids[: n * args.eval_seqlen].view(n, args.eval_seqlen)
+    setting = {"model": str(model_dir), "calib": calib.manifest.get("digest"), "sym": sym,
+               "desc_act": args.desc_act, "windows": n, "eval_seqlen": args.eval_seqlen}
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-peer-"))
-    try:
-        torch.save(calib.input_ids.clone(), tmp / "calib.pt")
-        torch.save(windows.clone(), tmp / "windows.pt")
-        qcal_dir, peer_dir = tmp / "qcal-gptq", tmp / "peer-gptq"
-        qcal_cmd = [shutil.which("qcal") or "qcal", "quantize", "--model", str(model_dir),
-                    "--method", "gptq", "--bits", "4",
-                    "--group-size", "128", *(["--sym"] if sym else []),
-                    *(["--desc-act"] if args.desc_act else []), "--damp", "0.01",
-                    "--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
-                    str(args.seqlen), "--seed", str(args.seed), "-o", str(qcal_dir)]
-        qcal_run = timed(qcal_cmd)
-        if qcal_run["returncode"] == 0:
+    # Every step's result is cached in <work>/state.json next to the checkpoints, so an
+    # interrupted run resumes; --fresh starts over.
+    work = args.work or runs_dir() / f"bench_gptq_vs_peer{'_act' if args.desc_act else ''}"
+    if args.fresh:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    state_file = work / "state.json"
+    state: dict[str, Any] = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    if state.get("setting") not in (None, setting):
+        raise SystemExit(f"{work} holds a run with other settings; pass --fresh or --work")
+    state["setting"] = setting
+
+    def step(key: str, fn: Any) -> Any:
+        if key not in state:
+            state[key] = fn()
+            atomic_write_text(state_file, json.dumps(state, indent=1))
+        return state[key]
+
+    torch.save(calib.input_ids.clone(), work / "calib.pt")
+    torch.save(windows.clone(), work / "windows.pt")
+    qcal_dir, peer_dir = work / "qcal-gptq", work / "peer-gptq"
+    qcal_cmd = [shutil.which("qcal") or "qcal", "quantize", "--model", str(model_dir),
+                "--method", "gptq", "--bits", "4",
+                "--group-size", "128", *(["--sym"] if sym else []),
+                *(["--desc-act"] if args.desc_act else []), "--damp", "0.01",
+                "--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
+                str(args.seqlen), "--seed", str(args.seed), "-o", str(qcal_dir)]
+
+    def run_qcal() -> dict[str, Any]:
+        run = timed(qcal_cmd)
+        if run["returncode"] == 0:
             log = json.loads((qcal_dir / "quant_log.json").read_text())
-            qcal_run["quantize_seconds"] = log["quantize_seconds"]
+            run["quantize_seconds"] = log["quantize_seconds"]
             same = (log.get("calibration") or {}).get("digest") == calib.manifest.get("digest")
-            qcal_run["same_calibration_digest"] = same
-        peer_result = tmp / "peer-quant.json"
-        peer_run = timed([args.peer_python, str(WORKER), "quantize", str(model_dir),
-                          str(tmp / "calib.pt"), str(peer_dir), str(peer_result),
-                          *(["--sym"] if sym else []),
-                          *(["--desc-act"] if args.desc_act else [])],
-                         {"GPTQMODEL_CPU_WORKERS": "2"})
-        if peer_run["returncode"] == 0:
-            peer_run.update(json.loads(peer_result.read_text()))
-        rows: dict[str, dict[str, Any]] = {}
-        for name, run, path in (("qcal", qcal_run, qcal_dir), ("gptqmodel", peer_run, peer_dir)):
-            ok = run["returncode"] == 0
-            rows[name] = {
-                "run": run,
-                "qcal_loader": qcal_ppl(path, windows) if ok else None,
-                "gptqmodel_loader": peer_ppl(args.peer_python, path, tmp / "windows.pt", tmp)
-                if ok else None,
-                "transformers_loader": peer_ppl(args.peer_python, path, tmp / "windows.pt", tmp,
-                                                "hf-ppl") if ok else None,
-            }
-            if ok:
-                qc = json.loads((path / "config.json").read_text()).get("quantization_config", {})
-                rows[name]["quantization_config"] = {
-                    k: qc.get(k) for k in ("quant_method", "bits", "group_size", "sym", "desc_act",
-                                           "checkpoint_format")}
+            run["same_calibration_digest"] = same
+        return run
+
+    def run_peer() -> dict[str, Any]:
+        peer_result = work / "peer-quant.json"
+        run = timed([args.peer_python, str(WORKER), "quantize", str(model_dir),
+                     str(work / "calib.pt"), str(peer_dir), str(peer_result),
+                     *(["--sym"] if sym else []), *(["--desc-act"] if args.desc_act else [])],
+                    {"GPTQMODEL_CPU_WORKERS": "2"})
+        if run["returncode"] == 0:
+            run.update(json.loads(peer_result.read_text()))
+        return run
+
+    qcal_run = step("qcal_quantize", run_qcal)
+    peer_run = step("peer_quantize", run_peer)
+    rows: dict[str, dict[str, Any]] = {}
+    for name, run, path in (("qcal", qcal_run, qcal_dir), ("gptqmodel", peer_run, peer_dir)):
+        ok = run["returncode"] == 0
+        rows[name] = {
+            "run": run,
+            "qcal_loader": step(f"{name}/qcal_loader", lambda p=path: qcal_ppl(p, windows))
+            if ok else None,
+            "gptqmodel_loader": step(f"{name}/gptqmodel_loader", lambda p=path: peer_ppl(
+                args.peer_python, p, work / "windows.pt", work)) if ok else None,
+            "transformers_loader": step(f"{name}/transformers_loader", lambda p=path: peer_ppl(
+                args.peer_python, p, work / "windows.pt", work, "hf-ppl")) if ok else None,
+        }
+        if ok:
+            qc = json.loads((path / "config.json").read_text()).get("quantization_config", {})
+            rows[name]["quantization_config"] = {
+                k: qc.get(k) for k in ("quant_method", "bits", "group_size", "sym", "desc_act",
+                                       "checkpoint_format")}
+
+    def fp_ppl() -> float:
         fp_net, _, _ = load_model(model_dir)
-        fp = perplexity_of_ids(fp_net, windows.reshape(-1), args.eval_seqlen, None, 4, None,
-                               progress=True, desc="fp").ppl
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return perplexity_of_ids(fp_net, windows.reshape(-1), args.eval_seqlen, None, 4, None,
+                                 progress=True, desc="fp").ppl
+
+    fp = step("fp_ppl", fp_ppl)
 
     prov = provenance(
         model=str(model_dir), calibration=calib.manifest.get("digest"),
@@ -182,7 +220,25 @@ def _cell(res: dict[str, Any] | None) -> str:
         return "not run"
     if "error" in res:
         return "fails: " + res["error"].strip().splitlines()[-1][:160]
+    if res.get("backend", "auto") != "auto":
+        return f"{res['ppl']:.3f} ({res['backend']}, {res['dtype'].replace('torch.', '')})"
     return f"{res['ppl']:.3f}"
+
+
+def _fallback_notes(data: dict[str, Any]) -> list[str]:
+    notes = sorted({r[loader]["auto_error"] for r in data["rows"].values()
+                    for loader in ("gptqmodel_loader", "transformers_loader")
+                    if r.get(loader) and r[loader].get("auto_error")})
+    if not notes:
+        return []
+    return ["The automatic kernel choice of the peer loaders failed on these checkpoints, so "
+            "they were re-scored with GPTQModel's pure-torch kernel, which takes only "
+            "bfloat16/float16 (hence bf16 in the table; qcal's loader stays in float32). "
+            "The failure: " + "; ".join(f"`{n}`" for n in notes) + ". GPTQModel's CPU int4 "
+            "kernel accepts the layer (its validation allows any in_features) but torch's "
+            "int4 op needs in_features (576) divisible by the group size (128): a ragged last "
+            "group, which the GPTQ layout itself allows through g_idx. Group size 64 or 32 "
+            "divides 576 and avoids it.", ""]
 
 
 def render(data: dict[str, Any]) -> str:
@@ -199,8 +255,8 @@ def render(data: dict[str, Any]) -> str:
           markdown_table(["quantizer", "run", "process wall s", "quantize s", "max RSS MiB",
                           "ppl, qcal loader", "ppl, GPTQModel loader",
                           "ppl, transformers loader"], rows), "",
-          "All loaders compute in float32; GPTQModel and transformers (+ optimum) ran in the "
-          "peer virtualenv with GPTQModel's CPU kernels.", "",
+          "Loaders compute in float32 unless marked; GPTQModel and transformers (+ optimum) ran "
+          "in the peer virtualenv with GPTQModel's CPU kernels.", "", *_fallback_notes(data),
           "Process wall time includes Python start-up, model load, calibration and save; "
           "both ran back to back on the same shared 2-core machine. qcal's CLI rebuilt the "
           "calibration set from the same source and seed; digest identical to the ids given "

@@ -16,6 +16,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool,
@@ -46,24 +47,27 @@ def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bo
     }, indent=2))
 
 
-def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmodel") -> None:
-    """Perplexity of a checkpoint as GPTQModel (or transformers + optimum) loads it."""
+def _load(checkpoint: str, loader: str, backend: str | None, dtype: Any = None) -> Any:
+    import torch
+
+    dtype = dtype or torch.float32
+    if loader == "transformers":
+        from transformers import AutoModelForCausalLM, GPTQConfig
+
+        extra = {"quantization_config": GPTQConfig(bits=4, backend=backend)} if backend else {}
+        return AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu",
+                                                    dtype=dtype, **extra)
+    from gptqmodel import GPTQModel
+
+    extra = {"backend": backend} if backend else {}
+    return GPTQModel.load(checkpoint, device="cpu", dtype=dtype, **extra).model
+
+
+def _score(net: Any, windows: Any) -> tuple[float, int]:
     import torch
     import torch.nn.functional as F
 
-    windows = torch.load(windows_path)
-    if loader == "transformers":
-        from transformers import AutoModelForCausalLM
-
-        net = AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu",
-                                                   dtype=torch.float32)
-    else:
-        from gptqmodel import GPTQModel
-
-        net = GPTQModel.load(checkpoint, device="cpu", dtype=torch.float32).model
-    net.eval()
     total, tokens = 0.0, 0
-    started = time.perf_counter()
     with torch.no_grad():
         for start in range(0, windows.shape[0], 4):
             batch = windows[start:start + 4]
@@ -72,9 +76,37 @@ def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmode
                                   batch[:, 1:].reshape(-1), reduction="sum")
             total += float(nll)
             tokens += batch[:, 1:].numel()
+    return total, tokens
+
+
+def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmodel") -> None:
+    """Perplexity of a checkpoint as GPTQModel (or transformers + optimum) loads it.
+
+    First with the loader's automatic kernel choice; if that kernel fails (GPTQModel's
+    CPU int4 kernel needs in_features divisible by the group size, although its
+    validation accepts 576 with group 128), again with GPTQModel's pure-torch kernel in
+    bfloat16 (the only float dtypes it takes), and the first failure is reported too.
+    """
+    import torch
+
+    windows = torch.load(windows_path)
+    auto_error = None
+    started = time.perf_counter()
+    try:
+        net = _load(checkpoint, loader, None).eval()
+        total, tokens = _score(net, windows)
+        backend = "auto"
+    except RuntimeError as err:
+        auto_error = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"
+        print(f"automatic kernel failed ({auto_error}); retrying with gptq_torch", flush=True)
+        started = time.perf_counter()
+        net = _load(checkpoint, loader, "gptq_torch", torch.bfloat16).eval()
+        total, tokens = _score(net, windows)
+        backend = "gptq_torch"
     Path(result).write_text(json.dumps({
         "ppl": math.exp(total / tokens), "tokens": tokens, "windows": int(windows.shape[0]),
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds": round(time.perf_counter() - started, 1), "backend": backend,
+        "auto_error": auto_error,
         "kernels": sorted({type(m).__name__ for m in net.modules() if hasattr(m, "qweight")}),
         "dtype": str(next(net.parameters()).dtype),
     }, indent=2))
