@@ -126,6 +126,19 @@ def _drift_bars(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
     return ["drift.png"]
 
 
+def _command_lines(cells: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per distinct command that produced cells: a resumed grid may span several
+    (cells that a spec change leaves valid, like float and RTN, are kept from the first)."""
+    by_command: dict[str, list[str]] = {}
+    for key, rec in cells.items():
+        cmd = rec.get("provenance", {}).get("command") or "(not recorded)"
+        by_command.setdefault(cmd, []).append(key)
+    if len(by_command) == 1:
+        return [f"- Grid command: `{next(iter(by_command))}`"]
+    return [f"- Grid command for {', '.join(keys)}: `{cmd}`"
+            for cmd, keys in by_command.items()]
+
+
 def render_report(results_root: Path, title: str | None = None) -> dict[str, Any]:
     """Write report.{json,md} and PNG plots into `results_root`; returns the report data."""
     results_root = Path(results_root)
@@ -152,11 +165,12 @@ def render_report(results_root: Path, title: str | None = None) -> dict[str, Any
                            f"{spec['nsamples']} x seqlen={spec['seqlen']}, seed={spec['seed']}; "
                            f"evaluation on held-out chapters, {spec['eval_seqlen']}-token "
                            f"windows, max_windows={spec['max_windows']}")
-    cmd = next(iter(cells.values())).get("provenance", {}).get("command")
     parts = [f"# {title or 'Calibration-set comparison: ' + spec['name']}",
-             provenance_markdown(prov), f"- Grid command: `{cmd}`",
+             provenance_markdown(prov), *_command_lines(cells),
              f"- Scheme: w{spec['bits']} g{spec['group_size']} "
-             f"{'sym' if spec['sym'] else 'asym'}; methods {', '.join(spec['methods'])}; "
+             f"{'sym' if spec['sym'] else 'asym'}"
+             f"{', GPTQ act-order' if spec.get('desc_act') else ''}; "
+             f"methods {', '.join(spec['methods'])}; "
              f"selectors {', '.join(spec['selectors'])}",
              "## Perplexity per evaluation language",
              markdown_table(["cell", "calibration", "method", *langs, "quantize s"], ppl_rows,
