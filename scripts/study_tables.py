@@ -95,9 +95,11 @@ def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None
         if worse:
             mixes_done = [m for m in MIXES if cell_key(m, method) in table]
             mix_worse = [w for w in worse if w.split(" with ")[1] in MIXES]
+            singles_done = [s for s in SINGLE if cell_key(s, method) in table]
             findings.append(
                 f"- **{method}, worse than RTN** (which needs no calibration data): "
-                f"{len(worse) - len(mix_worse)} (language, single-language set) pairs and "
+                f"{len(worse) - len(mix_worse)} of {len(singles_done) * len(langs)} (language, "
+                "single-language set) pairs and "
                 f"{len(mix_worse)} of {len(mixes_done) * len(langs)} (language, mix) pairs — "
                 "calibrating on one language can cost the others more than plain rounding: "
                 + ", ".join(worse) + ".")
