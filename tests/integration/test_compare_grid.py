@@ -187,3 +187,47 @@ def test_second_runner_on_the_same_grid_is_refused(tiny_model_dir: Path, texts,
             GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
         fcntl.flock(held, fcntl.LOCK_UN)
     assert not (tmp_path / "r" / "cells").exists()
+
+
+def test_sigkill_mid_grid_then_restart_keeps_finished_cells(tiny_model_dir: Path, texts,
+                                                            tmp_path: Path) -> None:
+    """A real `kill -9` of `qcal compare` while it works on a cell, then a restart."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(
+        f"name: killed\nmodel: {tiny_model_dir}\nselectors: [random, zipf]\n"
+        f"methods: [rtn, gptq]\ngroup_size: 32\nsource: {texts[0]}\nnsamples: 4\nseqlen: 32\n"
+        f"eval_seqlen: 32\nmax_windows: 2\neval_text_file: {texts[1]}\n")
+    cmd = [sys.executable, "-c", "import sys; from qcal.cli import main; sys.exit(main())",
+           "compare", "--config", str(cfg), "--results-dir", str(tmp_path / "res")]
+    env = {**os.environ, "QCAL_RUNS_DIR": str(tmp_path / "runs")}
+    cells_dir = tmp_path / "res" / "killed" / "cells"
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (cells_dir / "none__rtn.json").exists():  # the GPTQ cells come next
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "grid made no progress"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+
+    before = {p.name: p.read_bytes() for p in cells_dir.glob("*.json")}
+    assert {"float.json", "none__rtn.json"} <= set(before)
+    assert len(before) < 4, "the grid finished before the kill; nothing was interrupted"
+    for blob in before.values():
+        json.loads(blob)  # every cell on disk is whole
+
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    after = sorted(p.name for p in cells_dir.glob("*.json"))
+    assert after == ["float.json", "none__rtn.json", "random__gptq.json", "zipf__gptq.json"]
+    for name, blob in before.items():
+        assert (cells_dir / name).read_bytes() == blob, f"{name} was recomputed"
+    assert not list((tmp_path / "res").rglob(".*.tmp-*"))
