@@ -29,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_prefix() -> list[str]:
+    """How a script starts `qcal` in a subprocess: the console script installed beside the
+    running interpreter (found even when the virtualenv is not activated), else `-m`."""
+    beside = os.path.join(os.path.dirname(sys.executable), "qcal")
+    return [beside] if os.access(beside, os.X_OK) else [sys.executable, "-m", "qcal.cli"]
+
+
 def main(argv: list[str] | None = None) -> int:
     # The Hub is unreachable here by design: fail fast instead of retrying downloads.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

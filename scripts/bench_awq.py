@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from qcal.calib import resolve_calib  # noqa: E402
+from qcal.cli import command_prefix  # noqa: E402
 from qcal.data import eval_text  # noqa: E402
 from qcal.eval.perplexity import perplexity  # noqa: E402
 from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
@@ -59,8 +59,7 @@ def parse_time_v(stderr: str) -> dict[str, float]:
 
 
 def timed_cli(args: list[str], log: Path) -> dict[str, Any]:
-    qcal = shutil.which("qcal") or f"{sys.executable} -m qcal.cli"
-    cmd = ["/usr/bin/time", "-v", *qcal.split(), *args]
+    cmd = ["/usr/bin/time", "-v", *command_prefix(), *args]
     print("$", " ".join(cmd), flush=True)
     with log.open("w") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.PIPE, text=True, cwd=ROOT)

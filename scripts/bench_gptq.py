@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from qcal.calib import resolve_calib
+from qcal.cli import command_prefix
 from qcal.config import GPTQConfig, QuantScheme, RTNConfig
 from qcal.data import eval_text
 from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
@@ -52,7 +53,8 @@ def score(net: torch.nn.Module, ids: torch.Tensor, args: argparse.Namespace, des
 
 
 def time_cli(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cmd = [shutil.which("qcal") or "qcal", "quantize", "--method", "gptq", "--bits", "4",
+    prefix = command_prefix()
+    cmd = [*prefix, "quantize", "--method", "gptq", "--bits", "4",
            "--group-size", "128", "--calib", args.calib, "--nsamples", str(args.nsamples),
            "--seqlen", str(args.seqlen), "--seed", str(args.seed), "-o", str(out)]
     timed = ["/usr/bin/time", "-v", *cmd]
@@ -64,7 +66,7 @@ def time_cli(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", proc.stderr)
     parts = [float(p) for p in wall.group(1).split(":")] if wall else []
     seconds = sum(p * 60**i for i, p in enumerate(reversed(parts)))
-    return {"command": shlex.join(["qcal", *cmd[1:-2], "-o", "<dir>"]),
+    return {"command": shlex.join(["qcal", *cmd[len(prefix):-2], "-o", "<dir>"]),
             "max_rss_mib": int(rss.group(1)) / 1024 if rss else None,
             "wall_seconds": round(seconds, 1)}
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from qcal.calib import resolve_calib
+from qcal.cli import command_prefix
 from qcal.data import eval_text
 from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
 from qcal.model.loading import load_model, resolve_model_dir
@@ -135,7 +136,7 @@ def main() -> int:
     torch.save(calib.input_ids.clone(), work / "calib.pt")
     torch.save(windows.clone(), work / "windows.pt")
     qcal_dir, peer_dir = work / "qcal-gptq", work / "peer-gptq"
-    qcal_cmd = [shutil.which("qcal") or "qcal", "quantize", "--model", str(model_dir),
+    qcal_cmd = [*command_prefix(), "quantize", "--model", str(model_dir),
                 "--method", "gptq", "--bits", "4",
                 "--group-size", "128", *(["--sym"] if sym else []),
                 *(["--desc-act"] if args.desc_act else []), "--damp", "0.01",

@@ -51,3 +51,17 @@ def test_report_names_each_command_that_produced_cells():
     two = {**one, "y__gptq": {"provenance": {"command": "qcal compare a --desc-act"}}}
     lines = _command_lines(two)
     assert len(lines) == 2 and "float, x__gptq" in lines[0] and "y__gptq" in lines[1]
+
+
+def test_scripts_find_the_qcal_command_without_an_activated_venv():
+    import os
+    import subprocess
+
+    from qcal.cli import command_prefix
+
+    prefix = command_prefix()
+    assert os.access(prefix[0], os.X_OK)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = "/usr/bin:/bin"  # no venv on PATH, as in `.venv/bin/python scripts/...`
+    out = subprocess.run([*prefix, "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "quantize" in out.stdout
