@@ -242,6 +242,20 @@ def _fallback_notes(data: dict[str, Any]) -> list[str]:
             "divides 576 and avoids it.", ""]
 
 
+def _gap_note(data: dict[str, Any]) -> list[str]:
+    """Where the two checkpoints land relative to float, scored by the same (qcal) loader."""
+    fp = data["fp_ppl"]
+    ppl = {name: (r["qcal_loader"] or {}).get("ppl") for name, r in data["rows"].items()}
+    if not all(isinstance(ppl.get(k), float) for k in ("qcal", "gptqmodel")):
+        return []
+    q, g = ppl["qcal"], ppl["gptqmodel"]
+    return ["", f"Scored by the same loader, qcal's checkpoint is {100 * (q / g - 1):+.1f}% in "
+            f"perplexity against GPTQModel's ({q:.3f} vs {g:.3f}; float {fp:.3f}, so the gaps to "
+            f"float are {q - fp:.2f} and {g - fp:.2f}). Per-layer losses in the two quant logs "
+            "use different normalisations and are taken on each quantizer's own (already "
+            "quantized) layer inputs, so they do not explain the difference by themselves."]
+
+
 def render(data: dict[str, Any]) -> str:
     rows = []
     for name, r in data["rows"].items():
@@ -262,6 +276,7 @@ def render(data: dict[str, Any]) -> str:
           "both ran back to back on the same shared 2-core machine. qcal's CLI rebuilt the "
           "calibration set from the same source and seed; digest identical to the ids given "
           f"to GPTQModel: {data['rows']['qcal']['run'].get('same_calibration_digest')}."]
+    md += _gap_note(data)
     md += ["", "## Provenance", "", provenance_markdown(data["provenance"])]
     return "\n".join(md)
 
