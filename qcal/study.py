@@ -10,10 +10,10 @@ from statistics import mean
 
 
 def cell_key(selector: str, method: str) -> str:
-    """Name of a grid cell, as qcal.compare writes it."""
-    from qcal.compare import safe_name
+    """Name of a grid cell: the grid's own `Cell.key`, so the two cannot drift apart."""
+    from qcal.compare import Cell
 
-    return f"{safe_name(selector)}__{method}"
+    return Cell(selector, method).key
 
 
 def selector_means(table: dict[str, dict[str, float]], method: str, selectors: list[str],

@@ -195,16 +195,16 @@ def test_sigkill_mid_grid_then_restart_keeps_finished_cells(tiny_model_dir: Path
     import os
     import signal
     import subprocess
-    import sys
     import time
+
+    from qcal.cli import command_prefix
 
     cfg = tmp_path / "grid.yaml"
     cfg.write_text(
         f"name: killed\nmodel: {tiny_model_dir}\nselectors: [random, zipf]\n"
         f"methods: [rtn, gptq]\ngroup_size: 32\nsource: {texts[0]}\nnsamples: 4\nseqlen: 32\n"
         f"eval_seqlen: 32\nmax_windows: 2\neval_text_file: {texts[1]}\n")
-    cmd = [sys.executable, "-c", "import sys; from qcal.cli import main; sys.exit(main())",
-           "compare", "--config", str(cfg), "--results-dir", str(tmp_path / "res")]
+    cmd = [*command_prefix(), "compare", "--config", str(cfg), "--results-dir", str(tmp_path / "res")]
     env = {**os.environ, "QCAL_RUNS_DIR": str(tmp_path / "runs")}
     cells_dir = tmp_path / "res" / "killed" / "cells"
 
