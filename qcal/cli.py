@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -11,6 +12,7 @@ import sys
 from qcal.errors import QcalError
 
 COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare")
+USER_FIXABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,8 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     except QcalError as err:
         print(f"qcal {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        # Environment faults (full disk, permissions) are the user's to fix: one line.
+        if err.errno not in USER_FIXABLE_ERRNOS:
+            raise
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"qcal {args.command}: error: {os.strerror(err.errno)}{where}; free space or fix "
+              "permissions, then run again", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print(f"qcal {args.command}: interrupted", file=sys.stderr)
+        hint = getattr(args, "interrupt_hint", None)
+        print(f"qcal {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return 130
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import multiprocessing
 import os
 import shutil
-from collections.abc import Iterator
+import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,8 @@ from tqdm.auto import tqdm
 
 from qcal.config import AWQConfig, EvalConfig, GPTQConfig, QuantScheme, RTNConfig
 from qcal.errors import ConfigError
-from qcal.results import atomic_write_text, provenance
+from qcal.fsio import atomic_write_text, clean_stale_tree, exclusive_lock, plain_name
+from qcal.results import provenance
 
 FLOAT_CELL = "float"
 
@@ -63,6 +63,7 @@ class GridSpec:
     eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
 
     def __post_init__(self) -> None:
+        plain_name(self.name, "grid name")
         if not self.selectors or not self.methods:
             raise ConfigError("a grid needs at least one selector and one method")
         from qcal.quant.methods import METHODS
@@ -163,14 +164,10 @@ class GridRunner:
         return [c for c in plan_cells(self.spec) if not self.cell_path(c).is_file()]
 
     def _clean_stale(self) -> None:
-        # A kill during an atomic write leaves only hidden temp siblings behind.
+        # A kill during an atomic write leaves only qcal's hidden temp siblings behind;
+        # clean_stale_tree removes nothing else.
         for root in (self.work_root, self.results_root):
-            if root.is_dir():
-                for stale in root.rglob(".*.tmp-*"):
-                    if stale.is_dir():
-                        shutil.rmtree(stale, ignore_errors=True)
-                    else:
-                        stale.unlink(missing_ok=True)
+            clean_stale_tree(root)
 
     def _write_spec(self) -> None:
         spec_file = self.results_root / "grid.json"
@@ -205,6 +202,7 @@ class GridRunner:
     def run_cell(self, cell: Cell) -> dict[str, Any]:
         from qcal.eval.job import run_evaluation
         from qcal.model.loading import resolve_model_dir
+        from qcal.model.sequential import ResumeStateError
         from qcal.pipeline import quantize_model_dir
         from qcal.quant.methods import RunOptions
 
@@ -219,12 +217,19 @@ class GridRunner:
                 if cell.selector is not None:
                     calib, manifest = self.calib_for(cell.selector)
                     ids = calib.input_ids
-                opts = RunOptions(progress=self.progress, work_dir=Path(str(ckpt) + ".work"),
-                                  resume=True)
-                quantize_model_dir(model_dir, cell.method,
-                                   method_config(cell.method, self.spec), ckpt, ids,
-                                   manifest, opts)
-                shutil.rmtree(Path(str(ckpt) + ".work"), ignore_errors=True)
+                work = Path(str(ckpt) + ".work")
+                opts = RunOptions(progress=self.progress, work_dir=work, resume=True)
+                config = method_config(cell.method, self.spec)
+                try:
+                    quantize_model_dir(model_dir, cell.method, config, ckpt, ids, manifest, opts)
+                except ResumeStateError as err:
+                    # The grid owns this state: a damaged file costs a restart, never a stuck grid.
+                    print(f"qcal compare: {cell.key}: {err}; starting this cell over",
+                          file=sys.stderr)
+                    shutil.rmtree(work, ignore_errors=True)
+                    opts = dataclasses.replace(opts, resume=False)
+                    quantize_model_dir(model_dir, cell.method, config, ckpt, ids, manifest, opts)
+                shutil.rmtree(work, ignore_errors=True)
             log = json.loads((ckpt / "quant_log.json").read_text())
             record["quantize_seconds"] = log.get("quantize_seconds")
             record["calibration"] = log.get("calibration")
@@ -238,26 +243,22 @@ class GridRunner:
         return record
 
     def run(self) -> dict[str, Any]:
-        """Run every pending cell; returns {cell key: record} for the whole grid."""
+        """Run every pending cell; returns {cell key: record} for the whole grid.
+
+        The whole grid is validated first, so a rejected grid creates nothing."""
+        from qcal.grid_checks import validate_grid
+
+        validate_grid(self.spec)
         self.results_root.mkdir(parents=True, exist_ok=True)
         with self._exclusive():
             return self._run_locked()
 
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
+    def _exclusive(self) -> contextlib.AbstractContextManager[None]:
         """One runner per grid: two would compute the same cells into the same files."""
-        with open(self.results_root / ".lock", "a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ConfigError(
-                    f"another `qcal compare` is running the grid in {self.results_root}; wait "
-                    "for it to finish (the lock goes away with its process), or use another --name"
-                ) from None
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return exclusive_lock(
+            self.results_root / ".lock",
+            f"another `qcal compare` is running the grid in {self.results_root}; wait for it "
+            "to finish (the lock goes away with its process), or use another --name")
 
     def _run_locked(self) -> dict[str, Any]:
         self._clean_stale()

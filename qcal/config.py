@@ -189,6 +189,10 @@ class EvalConfig:
         if self.calibration and not self.tasks:
             raise ConfigError("--calibration scores multiple-choice items: add --tasks "
                               "(e.g. --tasks qcal_nextsent_en)")
+        from qcal.fsio import plain_name
+
+        for task in self.tasks:
+            plain_name(task, "task name")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

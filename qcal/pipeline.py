@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +16,29 @@ from torch import nn
 
 from qcal.config import QuantScheme, to_dict
 from qcal.errors import ConfigError
+from qcal.fsio import (
+    MARKER,
+    check_output,
+    check_writable,
+    clean_stale_siblings,
+    exclusive_lock,
+    marker_text,
+    read_marker,
+)
 from qcal.model.arch import arch_for, get_module
 from qcal.model.loading import load_model
-from qcal.packing.checkpoint import is_quantized_checkpoint, save_checkpoint
+from qcal.model.sequential import PROGRESS_FILE, read_progress
+from qcal.packing.checkpoint import (
+    CHECKPOINT_KIND,
+    is_legacy_qcal_checkpoint,
+    is_quantized_checkpoint,
+    save_checkpoint,
+)
 from qcal.packing.format import PACKABLE_BITS
+from qcal.quant.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
 from qcal.quant.methods import METHODS, RunOptions, iter_layer_linears
-from qcal.results import atomic_write_text
+
+WORK_KIND = "quantization work state"
 
 
 def validate_scheme(model: nn.Module, scheme: QuantScheme) -> None:
@@ -34,19 +54,83 @@ def validate_scheme(model: nn.Module, scheme: QuantScheme) -> None:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class OutputPolicy:
+    """What the user allowed for the output: replace foreign content, resume, keep state."""
+
+    overwrite: bool = False
+    resume: bool = False
+    keep_work: bool = False
+
+
+def work_dir_for(out_dir: Path) -> Path:
+    return Path(str(out_dir) + ".work")
+
+
+@contextlib.contextmanager
+def guarded_output(out_dir: Path, model_dir: Path | None, policy: OutputPolicy,
+                   expected_bytes: int = 0) -> Iterator[Path]:
+    """Check the output and its `<out>.work` state dir, lock them, yield the work dir.
+
+    Before any work: the output may replace only qcal's own checkpoint (or anything,
+    with --overwrite) and never the model or its parents; the disk must be writable
+    with room for `expected_bytes`; a second run on the same output is refused; saved
+    progress of a killed run needs --resume (continue) or --overwrite (start over).
+    On success the work dir is removed unless `keep_work`.
+    """
+    out_dir = Path(out_dir)
+    work = work_dir_for(out_dir)
+    check_output(out_dir, CHECKPOINT_KIND, overwrite=policy.overwrite, protected=(model_dir,),
+                 legacy_owned=is_legacy_qcal_checkpoint)
+    check_output(work, WORK_KIND, overwrite=policy.overwrite, protected=(model_dir,),
+                 legacy_owned=lambda p: (p / PROGRESS_FILE).is_file())
+    check_writable(out_dir, expected_bytes)
+    work.mkdir(parents=True, exist_ok=True)
+    if read_marker(work) is None:
+        (work / MARKER).write_text(marker_text(WORK_KIND), encoding="utf-8")
+    busy = (f"another `qcal quantize` is writing {out_dir}; wait for it to finish or choose "
+            "another -o")
+    with exclusive_lock(work / ".lock", busy):
+        clean_stale_siblings(out_dir)
+        progress = read_progress(work) if (work / PROGRESS_FILE).is_file() else None
+        if progress is not None and not policy.resume:
+            if not policy.overwrite:
+                raise ConfigError(
+                    f"{work} holds an interrupted run ({int(progress['done']) + 1} layers done); "
+                    "add --resume to continue it, or --overwrite to start over"
+                )
+            _empty_work_dir(work)
+        yield work
+    if not policy.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _empty_work_dir(work: Path) -> None:
+    for entry in work.iterdir():
+        if entry.name in {MARKER, ".lock"}:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def quantize_model_dir(
     model: str | Path | None, method: str, config: Any, out_dir: Path,
     calib_ids: torch.Tensor | None = None, calib_manifest: dict[str, Any] | None = None,
-    opts: RunOptions | None = None,
+    opts: RunOptions | None = None, trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """Load `model`, quantize it with `method`, write a GPTQ-layout checkpoint to `out_dir`."""
+    """Load `model`, quantize it with `method`, write a GPTQ-layout checkpoint to `out_dir`.
+
+    The caller guards the output (`guarded_output`); `opts.work_dir` holds resume state.
+    """
     opts = opts or RunOptions()
     spec = METHODS.get(method)
     if not isinstance(config, spec.config_cls):
         raise ConfigError(f"method {method!r} takes a {spec.config_cls.__name__}")
     if spec.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
-    net, tokenizer, src = load_model(model)
+    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
     validate_scheme(net, config.scheme)
     if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
         raise ConfigError(
@@ -68,28 +152,32 @@ def quantize_model_dir(
         "damp_percent": getattr(config, "damp_percent", 0.01),
         "static_groups": getattr(config, "static_groups", False),
     }
-    save_checkpoint(net, out_dir, tokenizer, desc_act=getattr(config, "desc_act", False),
-                    sym=config.scheme.sym, meta=meta)
     log = {"losses": losses, **meta}
-    # Written last and atomically: its presence marks a finished checkpoint (qcal compare).
-    atomic_write_text(Path(out_dir) / "quant_log.json", json.dumps(log, indent=2, default=str))
+    extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str)}
+    artifact = Path(opts.work_dir) / AWQ_ARTIFACT if opts.work_dir is not None else None
+    if method == "awq" and artifact is not None and artifact.is_file():
+        # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.
+        extra[f"artifacts/{AWQ_ARTIFACT}"] = artifact.read_bytes()
+    # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
+    save_checkpoint(net, out_dir, tokenizer, desc_act=getattr(config, "desc_act", False),
+                    sym=config.scheme.sym, meta=meta, extra_files=extra)
     return log
 
 
 def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
-                         out_dir: Path) -> dict[str, Any]:
+                         out_dir: Path, trust_remote_code: bool = False) -> dict[str, Any]:
     """Apply a saved AWQ search (scales, clips) to `model` and write the checkpoint.
 
-    No calibration data and no search: the artifact (`<checkpoint>.work/awq_search.pt`
-    of an earlier `qcal quantize --method awq`) fixes every choice, so the result equals
-    that run's checkpoint.
+    No calibration data and no search: the artifact (`awq_search.safetensors` in the
+    checkpoint of an earlier `qcal quantize --method awq`) fixes every choice, so the
+    result equals that run's checkpoint. The caller guards the output.
     """
     from qcal.config import AWQConfig, from_dict
     from qcal.quant.awq_runner import apply_awq_artifact, load_artifact
 
     art = load_artifact(artifact)
     config = from_dict(AWQConfig, art["config"])
-    net, tokenizer, src = load_model(model)
+    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
     if is_quantized_checkpoint(src):
         raise ConfigError(f"{src} is already quantized; replay the AWQ artifact on the float model")
     validate_scheme(net, config.scheme)
@@ -98,8 +186,8 @@ def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
     meta = {"method": "awq", "config": to_dict(config), "source_model": str(src),
             "calibration": None, "awq_artifact": str(Path(artifact).resolve()),
             "quantize_seconds": round(time.perf_counter() - started, 2)}
-    save_checkpoint(net, out_dir, tokenizer, desc_act=False, sym=config.scheme.sym, meta=meta)
-    atomic_write_text(Path(out_dir) / "quant_log.json", json.dumps(meta, indent=2, default=str))
+    save_checkpoint(net, out_dir, tokenizer, desc_act=False, sym=config.scheme.sym, meta=meta,
+                    extra_files={"quant_log.json": json.dumps(meta, indent=2, default=str)})
     return meta
 
 

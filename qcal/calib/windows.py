@@ -67,8 +67,9 @@ class WindowPool:
         s = self.stats
         short = s.get("short_documents", 0)
         how = "packed with EOS between them" if s.get("pack", True) else "rejected (packing is off)"
-        fix = ("lower --n or --seqlen, or add text (a larger source or more languages)"
-               if s.get("pack", True) else "enable packing, lower --n or --seqlen, or add text")
+        fewer = "ask for fewer samples (--nsamples; --n in `qcal calib build`)"
+        fix = (f"{fewer}, lower --seqlen, or add text (a larger source or more languages)"
+               if s.get("pack", True) else f"enable packing, {fewer}, lower --seqlen, or add text")
         raise NotEnoughDataError(
             f"the pool yields only {len(self)} windows of {self.seqlen} tokens from "
             f"{s.get('documents', '?')} documents ({short} shorter than seqlen, {how}); the {what} "

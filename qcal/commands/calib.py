@@ -40,6 +40,10 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--max-windows-per-doc", type=int, default=None)
     b.add_argument("-o", "--output", type=Path, default=None,
                    help="output dir (default calib_sets/<selector>-<source>-n<N>-s<seqlen>-seed<S>)")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output that is not a qcal calibration set")
+    b.add_argument("--trust-remote-code", action="store_true",
+                   help="allow the model directory's own Python code to run (off by default)")
     b.set_defaults(handler=run_build)
 
     s = csub.add_parser("show", help="print a saved set's manifest")
@@ -84,20 +88,27 @@ def selector_options(args: argparse.Namespace) -> tuple[str, dict[str, Any], lis
 def run_build(args: argparse.Namespace) -> int:
     from qcal.calib import build_calib, calib_sets_dir, parse_selector
     from qcal.calib.build import source_languages
+    from qcal.calib.io import CALIB_SET_KIND, is_legacy_calib_set
     from qcal.data import resolve_source
+    from qcal.fsio import check_output, check_writable
     from qcal.model.loading import load_tokenizer, resolve_model_dir
 
     selector, options, langs = selector_options(args)
     sel = parse_selector(selector, **options)
     langs = source_languages(args.source, sel, langs)
-    tokenizer = load_tokenizer(resolve_model_dir(args.model))
+    model_dir = resolve_model_dir(args.model, args.trust_remote_code)
+    src = Path(args.source).stem if Path(args.source).exists() else args.source.replace(":", "-")
+    name = f"{selector.replace(':', '-').replace(',', '_').replace('=', '')}-{src}"
+    out = args.output or calib_sets_dir() / f"{name}-n{args.n}-s{args.seqlen}-seed{args.seed}"
+    protected = (model_dir, Path(args.source) if Path(args.source).exists() else None)
+    check_output(out, CALIB_SET_KIND, overwrite=args.overwrite, protected=protected,
+                 legacy_owned=is_legacy_calib_set)
+    check_writable(out, args.n * args.seqlen * 8)
+    tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
     docs = resolve_source(args.source, split="calib", langs=langs)
     calib = build_calib(docs, tokenizer, args.n, args.seqlen, args.seed, sel, source=args.source,
                         pack=not args.no_pack, max_windows_per_doc=args.max_windows_per_doc,
                         source_langs=langs)
-    src = Path(args.source).stem if Path(args.source).exists() else args.source.replace(":", "-")
-    name = f"{selector.replace(':', '-').replace(',', '_').replace('=', '')}-{src}"
-    out = args.output or calib_sets_dir() / f"{name}-n{args.n}-s{args.seqlen}-seed{args.seed}"
     calib.save(out)
     st = calib.manifest["statistics"]
     print(json.dumps({"output": str(out), "selector": calib.manifest["selector"],

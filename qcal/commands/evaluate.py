@@ -37,6 +37,8 @@ def add_parser(sub: Any) -> None:
                    help="confidence metrics (ECE, Brier, NLL, ...) and a reliability diagram")
     p.add_argument("--ece-bins", type=int, default=15)
     p.add_argument("--list-tasks", action="store_true", help="list the local tasks and exit")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a model directory's own Python code to run (off by default)")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="results stem: writes <stem>.json/.md (+ _reliability.png, _items.jsonl, "
                         "_token_nll.safetensors)")
@@ -73,7 +75,16 @@ def run(args: argparse.Namespace) -> int:
                      task_batch_size=args.task_batch_size, calibration=args.calibration,
                      ece_bins=args.ece_bins)
     outcome = run_evaluation(args.model, cfg, base=args.base, text_file=args.text,
-                             include_paths=args.include_path)
+                             include_paths=args.include_path,
+                             trust_remote_code=args.trust_remote_code)
+    from qcal.errors import NumericalError
+    from qcal.eval.job import non_finite_metrics
+
+    bad = non_finite_metrics(outcome.data)
+    if bad:
+        _print_summary(outcome.data)
+        raise NumericalError(f"the evaluation produced non-finite results ({', '.join(bad[:3])}); "
+                             "the model computes NaN/Inf: check its weights or use float32")
     if args.output:
         from qcal.eval.report import write_outputs
 

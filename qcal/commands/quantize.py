@@ -25,16 +25,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mse-clip", action="store_true", help="GPTQ: MSE clip search on the grid")
     p.add_argument("--no-clip", action="store_true", help="AWQ: skip the clip search")
     p.add_argument("--awq-artifact", type=Path, default=None,
-                   help="AWQ: replay a saved search (<checkpoint>.work/awq_search.pt) instead of "
+                   help="AWQ: replay a saved search (<checkpoint>/artifacts/awq_search.safetensors) instead of "
                         "searching; needs no calibration data")
     p.add_argument("--calib", default="debian-handbook",
                    help="calibration set dir, packaged corpus name, text/JSONL file or hf:<name>")
-    p.add_argument("--selector", default="random", help="selector when --calib is a source")
+    p.add_argument("--selector", default=None,
+                   help="selector when --calib is a source (default random); GPTQ/AWQ only")
     p.add_argument("--nsamples", type=int, default=128)
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--resume", action="store_true", help="continue after the last finished layer")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output that qcal did not write (or start over "
+                        "instead of resuming); never the model directory or its parents")
+    p.add_argument("--keep-work", action="store_true",
+                   help="keep <output>.work (per-layer resume state) after a successful run")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a model directory's own Python code to run (off by default)")
     p.add_argument("-o", "--output", type=Path, default=None, help="checkpoint directory")
     p.set_defaults(handler=run)
 
@@ -51,42 +59,83 @@ def make_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from qcal.errors import ConfigError
     from qcal.model.loading import load_tokenizer, resolve_model_dir
-    from qcal.pipeline import default_output_dir, quantize_model_dir
+    from qcal.pipeline import OutputPolicy, default_output_dir, guarded_output, quantize_model_dir
     from qcal.quant.methods import METHODS, RunOptions
 
     if args.awq_artifact is not None:
         return _replay_awq(args)
     method = METHODS.get(args.method)
+    if not method.needs_calibration and args.selector is not None:
+        raise ConfigError(f"--selector chooses calibration data, which --method {args.method} "
+                          "does not use; drop --selector or use --method gptq/awq")
     config = make_config(args)
+    model_dir = resolve_model_dir(args.model, args.trust_remote_code)
     out = args.output or default_output_dir(args.model, args.method, config.scheme)
-    calib_ids, manifest = None, None
-    if method.needs_calibration:
-        from qcal.calib import resolve_calib
+    policy = OutputPolicy(args.overwrite, args.resume, args.keep_work)
+    expected = _expected_bytes(model_dir, method.needs_calibration)
+    args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command with "
+                           "--resume to continue") if method.needs_calibration else None
+    with guarded_output(out, model_dir, policy, expected) as work:
+        calib_ids, manifest = None, None
+        if method.needs_calibration:
+            from qcal.calib import resolve_calib
 
-        tokenizer = load_tokenizer(resolve_model_dir(args.model))
-        calib = resolve_calib(args.calib, tokenizer, nsamples=args.nsamples, seqlen=args.seqlen,
-                              seed=args.seed, selector=args.selector)
-        calib_ids, manifest = calib.input_ids, calib.manifest
-    opts = RunOptions(device=args.device, work_dir=Path(str(out) + ".work"), resume=args.resume)
-    log = quantize_model_dir(args.model, args.method, config, out, calib_ids, manifest, opts)
+            tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
+            _warn_long_seqlen(model_dir, args.seqlen)
+            calib = resolve_calib(args.calib, tokenizer, nsamples=args.nsamples,
+                                  seqlen=args.seqlen, seed=args.seed,
+                                  selector=args.selector or "random")
+            calib_ids, manifest = calib.input_ids, calib.manifest
+        opts = RunOptions(device=args.device, work_dir=work, resume=args.resume)
+        log = quantize_model_dir(model_dir, args.method, config, out, calib_ids, manifest, opts,
+                                 trust_remote_code=args.trust_remote_code)
     print(json.dumps({"output": str(out), "method": args.method,
                       "quantize_seconds": log["quantize_seconds"]}, indent=2))
     return 0
 
 
+def _expected_bytes(model_dir: Path, calibrated: bool) -> int:
+    """Disk the run needs: the checkpoint (at most the float files) plus, for layer-wise
+    methods, per-layer resume state of about the same size."""
+    floats = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    return floats * (2 if calibrated else 1)
+
+
+def _warn_long_seqlen(model_dir: Path, seqlen: int) -> None:
+    import sys
+
+    from qcal.model.loading import read_model_config
+
+    limit = read_model_config(model_dir).get("max_position_embeddings")
+    if isinstance(limit, int) and seqlen > limit:
+        print(f"qcal quantize: warning: --seqlen {seqlen} exceeds the model's "
+              f"max_position_embeddings={limit}; positions past it are out of distribution",
+              file=sys.stderr)
+
+
 def _replay_awq(args: argparse.Namespace) -> int:
     from qcal.config import from_dict
     from qcal.errors import ConfigError
-    from qcal.pipeline import default_output_dir, replay_awq_model_dir
+    from qcal.model.loading import resolve_model_dir
+    from qcal.pipeline import (
+        OutputPolicy,
+        default_output_dir,
+        guarded_output,
+        replay_awq_model_dir,
+    )
     from qcal.quant.awq_runner import load_artifact
 
     if args.method != "awq":
         raise ConfigError("--awq-artifact replays an AWQ search; use it with --method awq")
     # The artifact fixes bits/group/sym; name the default output after its scheme.
     scheme = from_dict(AWQConfig, load_artifact(args.awq_artifact)["config"]).scheme
+    model_dir = resolve_model_dir(args.model, args.trust_remote_code)
     out = args.output or default_output_dir(args.model, "awq", scheme)
-    meta = replay_awq_model_dir(args.model, args.awq_artifact, out)
+    policy = OutputPolicy(args.overwrite, False, False)
+    with guarded_output(out, model_dir, policy, _expected_bytes(model_dir, False)):
+        meta = replay_awq_model_dir(model_dir, args.awq_artifact, out, args.trust_remote_code)
     print(json.dumps({"output": str(out), "method": "awq", "awq_artifact": meta["awq_artifact"],
                       "quantize_seconds": meta["quantize_seconds"]}, indent=2))
     return 0

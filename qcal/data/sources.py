@@ -41,6 +41,22 @@ def _tag(lang: str | None, text: str) -> str | None:
     return normalize_lang(lang) if lang else detect_language(text)
 
 
+def read_user_text(path: Path) -> str:
+    """A user's text file as str; binary or non-UTF-8 content is one clear error."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CorpusNotFoundError(f"cannot read {path}: {exc.strerror}") from None
+    if b"\x00" in data:
+        raise CorpusFormatError(f"{path} holds NUL bytes: it is a binary file, not text; pass a "
+                                "UTF-8 .txt or .jsonl file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusFormatError(f"{path} is not UTF-8 text (byte {exc.start}); convert it, e.g. "
+                                f"`iconv -t UTF-8 {path}`") from None
+
+
 def load_text_file(path: str | Path, lang: str | None = None) -> list[Document]:
     """Documents from a local file.
 
@@ -52,10 +68,7 @@ def load_text_file(path: str | Path, lang: str | None = None) -> list[Document]:
     path = Path(path)
     if not path.is_file():
         raise CorpusNotFoundError(f"text file not found: {path}")
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise CorpusFormatError(f"{path} is not UTF-8 text: {exc}") from exc
+    raw = read_user_text(path)
     suffix = path.suffix.lower()
     docs: list[Document] = []
     if suffix in JSONL_SUFFIXES:
@@ -160,7 +173,7 @@ def resolve_source(
     if spec.startswith("hf:"):
         parts = spec[3:].split(":")
         if not parts[0] or len(parts) > 3:
-            raise ValueError(f"bad hf spec {spec!r}; expected hf:<name>[:<config>[:<split>]]")
+            raise CorpusFormatError(f"bad hf spec {spec!r}; expected hf:<name>[:<config>[:<split>]]")
         name, config, hf_split = (parts + [None, None])[:3]
         docs = load_hf_dataset(name, config or None, split=hf_split or "train")
         return _filter_langs(docs, langs)
@@ -170,9 +183,14 @@ def resolve_source(
         if not docs:
             raise EmptyCorpusError(f"no document of language(s) {sorted(langs or [])} in {path}")
         return docs
-    raise ValueError(
-        f"unknown text source {spec!r}: expected one of {', '.join(PACKAGED_SOURCES)}, "
-        "a path to a .txt/.jsonl file, or hf:<name>[:<config>]"
+    import difflib
+
+    close = difflib.get_close_matches(spec, PACKAGED_SOURCES, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise CorpusNotFoundError(
+        f"unknown text source {spec!r}: {hint}known sources are {', '.join(PACKAGED_SOURCES)}, "
+        "a saved calibration set (see `qcal calib list`), a path to a .txt/.jsonl file, or "
+        "hf:<name>[:<config>]"
     )
 
 

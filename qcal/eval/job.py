@@ -63,7 +63,9 @@ def _texts(cfg: EvalConfig, text_file: Path | None) -> dict[str, str]:
     if text_file is not None:
         if not Path(text_file).is_file():
             raise ConfigError(f"--text file {text_file} does not exist")
-        return {"file": Path(text_file).read_text(encoding="utf-8")}
+        from qcal.data.sources import read_user_text
+
+        return {"file": read_user_text(Path(text_file))}
     from qcal.data import eval_text
 
     if not cfg.langs:
@@ -142,6 +144,7 @@ def _calibration(cfg: EvalConfig, items: dict[str, dict[str, list[ItemRecord]]],
 def run_evaluation(
     model: str | Path | None, cfg: EvalConfig, base: str | Path | None = None,
     text_file: Path | None = None, include_paths: Sequence[Path | str] = (), progress: bool = True,
+    trust_remote_code: bool = False,
 ) -> EvalOutcome:
     """Measure `model` (float dir or qcal checkpoint), and its drift from `base` if given."""
     from qcal.model.loading import load_model, resolve_model_dir
@@ -153,10 +156,11 @@ def run_evaluation(
         tm = task_manager(include_paths, cfg.tasks)
         tasks = resolve_tasks(cfg.tasks, tm, include_paths)
     texts = _texts(cfg, text_file) if cfg.ppl else {}
-    model_dir = resolve_model_dir(model)
-    base_dir = resolve_model_dir(base) if base is not None else None
-    net, tok, _ = load_model(model_dir)
-    base_net = load_model(base_dir)[0] if base_dir is not None else None
+    model_dir = resolve_model_dir(model, trust_remote_code)
+    base_dir = resolve_model_dir(base, trust_remote_code) if base is not None else None
+    net, tok, _ = load_model(model_dir, trust_remote_code=trust_remote_code)
+    base_net = (load_model(base_dir, trust_remote_code=trust_remote_code)[0]
+                if base_dir is not None else None)
 
     data: dict[str, Any] = {
         "model": describe_model(model_dir),
@@ -198,3 +202,18 @@ def run_evaluation(
             if drift:
                 data["drift"] = drift
     return EvalOutcome(data, token_nll, items)
+
+
+def non_finite_metrics(data: dict[str, Any]) -> list[str]:
+    """Where the results hold NaN/Inf perplexity or accuracy: a broken model, not a finding."""
+    bad = []
+    for role in ROLES:
+        for lang, row in ((data.get("perplexity") or {}).get(role) or {}).items():
+            if not np.isfinite(row.get("ppl", 0.0)):
+                bad.append(f"{role} perplexity[{lang}]={row.get('ppl')}")
+    for role, res in ((data.get("lm_eval") or {}).get("results") or {}).items():
+        for task, metrics in res.items():
+            for key, value in metrics.items():
+                if isinstance(value, float) and not np.isfinite(value) and "stderr" not in key:
+                    bad.append(f"{role} {task} {key}={value}")
+    return bad

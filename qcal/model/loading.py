@@ -1,22 +1,63 @@
-"""Loading float models and qcal/GPTQ checkpoints from local directories (offline)."""
+"""Loading float models and qcal/GPTQ checkpoints from local directories (offline).
+
+Only safetensors weights are read (pickle-based `.bin` files can run code when
+loaded), transformers never runs a model directory's own Python unless the caller
+passes `trust_remote_code=True` (the CLI's `--trust-remote-code`), and a directory
+is checked before anything heavy happens: readable config.json, complete weight
+files, finite float weights.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from qcal.errors import ModelNotFoundError
+from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError
 from qcal.paths import default_model_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def resolve_model_dir(model: str | Path | None) -> Path:
-    """The local directory of `model`; None means the embedded default model."""
+def read_model_config(path: Path) -> dict[str, Any]:
+    """config.json of a model directory as a dict; one clear error when it is unusable."""
+    cfg = Path(path) / "config.json"
+    try:
+        raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ModelNotFoundError(f"{cfg} is not UTF-8 text; restore it from the original "
+                                 "model") from None
+    except json.JSONDecodeError as err:
+        raise ModelNotFoundError(f"{cfg} is not valid JSON (line {err.lineno}: {err.msg}); "
+                                 "restore it from the original model") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        raise ModelNotFoundError(f"{cfg} has no \"model_type\"; it is not a Hugging Face model "
+                                 "config: restore it from the original model")
+    return raw
+
+
+def check_remote_code(path: Path, raw: dict[str, Any], trust_remote_code: bool) -> None:
+    """A config that needs the directory's own Python is refused without the explicit opt-in."""
+    if trust_remote_code or not raw.get("auto_map"):
+        return
+    from transformers import CONFIG_MAPPING
+
+    if raw["model_type"] not in CONFIG_MAPPING:
+        raise ModelNotFoundError(
+            f"{path} needs its own Python code (config.json auto_map, model_type "
+            f"{raw['model_type']!r}); qcal does not run it unless you pass --trust-remote-code "
+            "(only for code you have read and trust)"
+        )
+
+
+def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False) -> Path:
+    """The local directory of `model` (None: the embedded default model), checked."""
     if model is None:
         path = default_model_dir()
         if not (path / "config.json").is_file():
@@ -24,46 +65,94 @@ def resolve_model_dir(model: str | Path | None) -> Path:
                 f"the default model is not provisioned at {path}; run `make setup` "
                 "(or `python scripts/provision_models.py`)"
             )
-        return path
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise ModelNotFoundError(
-            f"model directory {path} does not exist; pass a local HF model directory "
-            "(config.json + *.safetensors + tokenizer) or omit --model for the default model"
-        )
-    if not (path / "config.json").is_file():
-        raise ModelNotFoundError(
-            f"{path} has no config.json; it is not a Hugging Face model directory"
-        )
+    else:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise ModelNotFoundError(
+                f"model directory {path} does not exist; pass a local HF model directory "
+                "(config.json + *.safetensors + tokenizer) or omit --model for the default model"
+            )
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"{path} has no config.json; it is not a Hugging Face model directory"
+            )
+    raw = read_model_config(path)
+    check_remote_code(path, raw, trust_remote_code)
+    if not any(path.glob("*.safetensors")):
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickled:
+            raise ModelNotFoundError(
+                f"{path} holds only pickle weights ({', '.join(pickled[:3])}); qcal loads "
+                "safetensors only, because pickle files can run code: convert them once, in an "
+                "environment you trust, with `AutoModelForCausalLM.from_pretrained(dir)"
+                ".save_pretrained(dir, safe_serialization=True)`"
+            )
+        raise ModelNotFoundError(f"{path} holds no weights (*.safetensors)")
     return path
 
 
-def load_tokenizer(path: Path) -> Any:
+def check_weight_files(path: Path, check_finite: bool = True) -> int:
+    """Open every safetensors file of `path` (one tensor at a time, so memory stays small);
+    a truncated file or a NaN/Inf float weight is an error naming it. Returns total bytes."""
+    total = 0
+    for f in sorted(Path(path).glob("*.safetensors")):
+        total += f.stat().st_size
+        try:
+            with safe_open(str(f), "pt") as handle:
+                for key in handle.keys():  # noqa: SIM118
+                    if not check_finite:
+                        continue
+                    t = handle.get_tensor(key)
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        raise NumericalError(
+                            f"weight tensor {key} in {f} holds NaN or Inf values; the model "
+                            "file is corrupted: restore or re-convert it"
+                        )
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(
+                f"weight file {f} is truncated or corrupted ({str(err).splitlines()[0]}); "
+                "restore it from the original model"
+            ) from None
+    return total
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ModelNotFoundError(f"no usable tokenizer in {path} ({err})") from None
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                             trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, json.JSONDecodeError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ModelNotFoundError(f"no usable tokenizer in {path} ({first})") from None
 
 
 def load_model(
-    model: str | Path | None = None, dtype: str | torch.dtype | None = None
+    model: str | Path | None = None, dtype: str | torch.dtype | None = None,
+    trust_remote_code: bool = False, check: bool = True,
 ) -> tuple[nn.Module, Any, Path]:
-    """(model in eval mode, tokenizer, directory). Quantized checkpoints load as QuantLinear."""
+    """(model in eval mode, tokenizer, directory). Quantized checkpoints load as QuantLinear.
+
+    `check` reads every weight file once first (truncation, NaN/Inf) so a bad file gives
+    one clear error instead of a traceback or a silently wrong result."""
     from transformers import AutoModelForCausalLM
 
     from qcal.packing.checkpoint import is_quantized_checkpoint, load_checkpoint
 
-    path = resolve_model_dir(model)
+    path = resolve_model_dir(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    if check:
+        check_weight_files(path)
     if is_quantized_checkpoint(path):
-        net = load_checkpoint(path, dtype=torch_dtype)
+        net = load_checkpoint(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     else:
-        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-            raise ModelNotFoundError(f"{path} holds no weights (*.safetensors or *.bin)")
-        net = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=torch_dtype or torch.float32, local_files_only=True
-        )
+        try:
+            net = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=torch_dtype or torch.float32, local_files_only=True,
+                use_safetensors=True, trust_remote_code=trust_remote_code,
+            )
+        except (OSError, ValueError, KeyError, RuntimeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelNotFoundError(f"cannot load the model in {path}: {first[:300]}") from None
     net.eval()
-    return net, load_tokenizer(path), path
+    return net, load_tokenizer(path, trust_remote_code), path

@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 from torch import nn
 from tqdm.auto import tqdm
 
-from qcal.errors import ConfigError
+from qcal.errors import CheckpointError, ConfigError
+from qcal.fsio import atomic_write_bytes, atomic_write_text
 from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
 from qcal.model.offload import DiskWeights, return_freed_memory
@@ -28,51 +31,100 @@ from qcal.packing.qlinear import QuantLinear
 LayerFn = Callable[[int, nn.Module, LayerInputs], dict[str, Any]]
 
 
-def _state_paths(work_dir: Path) -> tuple[Path, Path]:
-    return work_dir / "progress.json", work_dir / "next_inputs.pt"
+PROGRESS_FILE = "progress.json"
+HIDDEN_FILE = "next_hidden.safetensors"
+
+
+class ResumeStateError(CheckpointError):
+    """A file of an interrupted run's saved state is missing, truncated or not qcal's."""
+
+
+def _layer_file(work_dir: Path, index: int) -> Path:
+    return work_dir / f"layer_{index:04d}.safetensors"
 
 
 def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerInputs,
                    logs: dict[str, Any], fingerprint: str) -> None:
+    """Resume state as safetensors + JSON only: loading it can never run code."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    progress, next_inputs = _state_paths(work_dir)
     quant = {n: [m.in_features, m.out_features, m.bits, m.group_size, m.bias is not None]
              for n, m in layer.named_modules() if isinstance(m, QuantLinear)}
-    layer_file = work_dir / f"layer_{index:04d}.pt"
-    tmp = layer_file.with_suffix(".pt.tmp")
-    torch.save({"state": layer.state_dict(), "quant": quant}, tmp)
-    tmp.replace(layer_file)
-    tmp = next_inputs.with_suffix(".pt.tmp")
-    torch.save({"hidden": inputs.hidden, "kwargs": inputs.kwargs}, tmp)
-    tmp.replace(next_inputs)
-    tmp = progress.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"done": index, "fingerprint": fingerprint, "logs": logs}))
-    tmp.replace(progress)
+    state = {k: v.detach().contiguous().cpu() for k, v in layer.state_dict().items()}
+    atomic_write_bytes(_layer_file(work_dir, index),
+                       save(state, metadata={"quant": json.dumps(quant)}))
+    hidden = {f"hidden.{i}": h.contiguous() for i, h in enumerate(inputs.hidden)}
+    atomic_write_bytes(work_dir / HIDDEN_FILE, save(hidden))
+    atomic_write_text(work_dir / PROGRESS_FILE,
+                      json.dumps({"done": index, "fingerprint": fingerprint, "logs": logs}))
 
 
-def _restore_layer(layer: nn.Module, saved: dict[str, Any]) -> None:
-    for name, (inf, outf, bits, group, bias) in saved["quant"].items():
-        set_module(layer, name, QuantLinear(inf, outf, bits, group, bias))
-    # assign: copying into memory-mapped float weights would make their pages resident.
-    layer.load_state_dict(saved["state"], assign=True)
+def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        with safe_open(str(path), "pt") as handle:
+            meta = handle.metadata() or {}
+            return {k: handle.get_tensor(k) for k in handle.keys()}, meta  # noqa: SIM118
+    except (OSError, SafetensorError, ValueError) as err:
+        raise ResumeStateError(
+            f"resume state file {path} is missing or corrupted ({str(err).splitlines()[0]}); "
+            "start over: run without --resume and with --overwrite"
+        ) from None
+
+
+def _restore_layer(layer: nn.Module, path: Path) -> None:
+    state, meta = _read_safetensors(path)
+    try:
+        quant = json.loads(meta.get("quant", "{}"))
+        for name, (inf, outf, bits, group, bias) in quant.items():
+            set_module(layer, name, QuantLinear(int(inf), int(outf), int(bits), int(group),
+                                                bool(bias)))
+        # assign: copying into memory-mapped float weights would make their pages resident.
+        layer.load_state_dict(state, assign=True)
+    except (ValueError, TypeError, RuntimeError, AttributeError) as err:
+        raise ResumeStateError(
+            f"resume state file {path} does not fit this model ({str(err).splitlines()[0]}); "
+            "start over: run without --resume and with --overwrite"
+        ) from None
+
+
+def read_progress(work_dir: Path) -> dict[str, Any] | None:
+    """The saved progress of an interrupted run in `work_dir`, or None if there is none."""
+    progress = work_dir / PROGRESS_FILE
+    if not progress.is_file():
+        return None
+    try:
+        state = json.loads(progress.read_text())
+        int(state["done"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ResumeStateError(
+            f"resume state file {progress} is corrupted; start over: run without --resume "
+            "and with --overwrite"
+        ) from None
+    return state
 
 
 def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str
-            ) -> tuple[int, LayerInputs | None, dict[str, Any]]:
-    progress, next_inputs = _state_paths(work_dir)
-    if not progress.is_file():
+            ) -> tuple[int, list[torch.Tensor] | None, dict[str, Any]]:
+    state = read_progress(work_dir)
+    if state is None:
         return -1, None, {}
-    state = json.loads(progress.read_text())
     if state.get("fingerprint") != fingerprint:
         raise ConfigError(
             f"{work_dir} holds progress of a different run (model, method or calibration "
-            "changed); delete it or drop --resume"
+            "changed); drop --resume and pass --overwrite to start over"
         )
     done = int(state["done"])
+    if not -1 <= done < len(layers):
+        raise ResumeStateError(f"resume state file {work_dir / PROGRESS_FILE} names layer {done} "
+                               f"of a {len(layers)}-layer model; start over with --overwrite")
     for i in range(done + 1):
-        _restore_layer(layers[i], torch.load(work_dir / f"layer_{i:04d}.pt", weights_only=False))
-    saved = torch.load(next_inputs, weights_only=False)
-    return done, LayerInputs(saved["hidden"], saved["kwargs"]), state.get("logs", {})
+        _restore_layer(layers[i], _layer_file(work_dir, i))
+    saved, _ = _read_safetensors(work_dir / HIDDEN_FILE)
+    try:
+        hidden = [saved[f"hidden.{i}"] for i in range(len(saved))]
+    except KeyError:
+        raise ResumeStateError(f"resume state file {work_dir / HIDDEN_FILE} is incomplete; start "
+                               "over: run without --resume and with --overwrite") from None
+    return done, hidden, state.get("logs", {})
 
 
 def sequential_quantize(
@@ -91,13 +143,19 @@ def sequential_quantize(
     """
     layers = decoder_layers(model, spec)
     logs: dict[str, Any] = {}
-    start, inputs = 0, None
+    start, hidden = 0, None
     return_freed_memory()
     if resume and work_dir is not None:
-        done, inputs, logs = _resume(work_dir, layers, fingerprint)
+        done, hidden, logs = _resume(work_dir, layers, fingerprint)
         start = done + 1
-    if inputs is None:
-        inputs = capture_layer0_inputs(model, spec, calib_ids, batch_size, device, store_dtype)
+    # The keyword inputs (rotary embeddings, masks) are the same for every layer and
+    # cheap to recompute, so resume state stores only the hidden states.
+    inputs = capture_layer0_inputs(model, spec, calib_ids, batch_size, device, store_dtype)
+    if hidden is not None:
+        if [tuple(h.shape) for h in hidden] != [tuple(h.shape) for h in inputs.hidden]:
+            raise ResumeStateError(f"resume state in {work_dir} does not match the calibration "
+                                   "batches; start over: run without --resume, with --overwrite")
+        inputs = LayerInputs(hidden, inputs.kwargs)
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
         if weights is not None:

@@ -13,9 +13,6 @@ asymmetric grid produces one we write `"gptq_v2"` (true zero points) instead.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +22,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qcal.errors import CheckpointError, ModelNotFoundError
+from qcal.fsio import write_dir_atomically
 from qcal.model.arch import get_module, set_module
-from qcal.packing.format import pack_cols, unpack_cols
+from qcal.packing.format import PACKABLE_BITS, pack_cols, unpack_cols
 from qcal.packing.qlinear import QuantLinear
 
 WEIGHTS_NAME = "model.safetensors"
 QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+CHECKPOINT_KIND = "checkpoint"
 
 
 def quant_modules(model: nn.Module) -> dict[str, QuantLinear]:
@@ -56,26 +55,6 @@ def _state_for_disk(model: nn.Module, fmt: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def write_dir_atomically(out_dir: Path, fill: Any) -> None:
-    """Create `out_dir` by filling a temp sibling directory and renaming it into place."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        fill(tmp)
-        tmp.chmod(0o755)  # mkdtemp creates 0700; the result should read like any output dir
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def quantization_config(layer: QuantLinear, desc_act: bool, sym: bool, fmt: str,
                         meta: dict[str, Any]) -> dict[str, Any]:
     return {
@@ -94,9 +73,14 @@ def quantization_config(layer: QuantLinear, desc_act: bool, sym: bool, fmt: str,
 
 def save_checkpoint(
     model: nn.Module, out_dir: Path | str, tokenizer: Any = None, *, desc_act: bool, sym: bool,
-    meta: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None, extra_files: dict[str, str | bytes] | None = None,
 ) -> Path:
-    """Write a model whose quantized linears are `QuantLinear`s; atomic (temp dir + rename)."""
+    """Write a model whose quantized linears are `QuantLinear`s; atomic (temp dir + rename).
+
+    `extra_files` (name -> text) are written inside the same atomic step, so a kill can
+    never leave a checkpoint without them. The caller checked the output with
+    `qcal.fsio.check_output(out_dir, CHECKPOINT_KIND, ...)`.
+    """
     layers = quant_modules(model)
     if not layers:
         raise CheckpointError("the model has no QuantLinear layers: quantize it before saving")
@@ -112,9 +96,23 @@ def save_checkpoint(
         (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        for name, content in (extra_files or {}).items():
+            data = content.encode("utf-8") if isinstance(content, str) else content
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(data)
 
-    write_dir_atomically(Path(out_dir), fill)
+    write_dir_atomically(Path(out_dir), fill, CHECKPOINT_KIND)
     return Path(out_dir)
+
+
+def is_legacy_qcal_checkpoint(path: Path) -> bool:
+    """A checkpoint an older qcal wrote (before output markers): its config names qcal."""
+    try:
+        qc = json.loads((Path(path) / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    quantizers = (qc.get("meta") or {}).get("quantizer") or []
+    return any(str(q).startswith("qcal") for q in quantizers)
 
 
 def is_quantized_checkpoint(path: Path | str) -> bool:
@@ -141,7 +139,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None) -> nn.Module:
+def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
+                    trust_remote_code: bool = False) -> nn.Module:
     """Build the model from config.json, swap in `QuantLinear`s, and load the tensors.
 
     Missing, unexpected or mis-shaped tensors raise `CheckpointError` naming them.
@@ -156,16 +155,25 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None) -> nn.Mo
     if qcfg.get("quant_method") != "gptq":
         raise CheckpointError(f"{path}/config.json has no GPTQ quantization_config")
     fmt = qcfg.get("checkpoint_format", "gptq")
-    bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
+    try:
+        bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{path}/config.json quantization_config needs integer \"bits\" and "
+                              "\"group_size\"; re-create the checkpoint with `qcal quantize`") from None
+    if bits not in PACKABLE_BITS:
+        raise CheckpointError(f"{path}/config.json says bits={bits}; GPTQ-layout checkpoints hold "
+                              f"{PACKABLE_BITS}-bit weights: fix config.json or re-create it")
     state = _read_tensors(path)
 
-    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True,
+                                        trust_remote_code=trust_remote_code)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     torch_dtype = dtype or getattr(config, "dtype", None) or torch.float32
     if isinstance(torch_dtype, str):
         torch_dtype = getattr(torch, torch_dtype)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
+                                             trust_remote_code=trust_remote_code)
 
     quant_names = sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".qweight")})
     for name in quant_names:

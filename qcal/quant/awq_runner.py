@@ -14,7 +14,8 @@ it is packed into the same GPTQ layout (`quant_method: "gptq"`, qzeros/scales/g_
 as RTN and GPTQ, and loads with qcal's `QuantLinear` and GPTQ-layout loaders. The
 AWQ GEMM layout (AutoAWQ's interleaved packing) is not written.
 
-The search artifact (`awq_search.pt` in RunOptions.work_dir, or returned by
+The search artifact (`awq_search.safetensors`: tensors + JSON metadata, no pickle;
+written into the checkpoint and RunOptions.work_dir, or returned by
 `awq_quantize_model`) holds, per layer, the folded scales and the clip thresholds;
 `apply_awq_artifact` replays it on a float model without calibration data and
 yields the same quantized weights.
@@ -24,15 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict, to_json
 from qcal.errors import CheckpointError, ConfigError
+from qcal.fsio import atomic_write_bytes
 from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.sequential import layer_linear, sequential_quantize
@@ -43,7 +48,8 @@ from qcal.quant.methods import METHODS, QuantMethod, RunOptions, apply_result
 
 ARTIFACT_FORMAT = "qcal-awq-search"
 ARTIFACT_VERSION = 1
-ARTIFACT_NAME = "awq_search.pt"
+ARTIFACT_NAME = "awq_search.safetensors"
+ARTIFACT_META_KEY = "qcal_awq"
 
 
 def _kwargs_to(kwargs: Mapping[str, Any], device: torch.device | str) -> dict[str, Any]:
@@ -218,26 +224,82 @@ def _fingerprint(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor) -> str:
 
 
 def _entry_path(work_dir: Path, index: int) -> Path:
-    return work_dir / f"awq_layer_{index:04d}.pt"
+    return work_dir / f"awq_layer_{index:04d}.safetensors"
+
+
+def _flatten(entry: Mapping[str, Any], prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """An entry's tensors go to `tensors` under `prefix`; the rest is returned as JSON data."""
+    scales = []
+    for k, g in enumerate(entry["scales"]):
+        tensors[f"{prefix}scales.{k}"] = g["scale"].detach().float().contiguous().cpu()
+        scales.append({key: g[key] for key in ("prev_op", "linears", "ratio", "loss", "rtn_loss")})
+    for name, clip in entry["clips"].items():
+        tensors[f"{prefix}clips.{name}"] = clip.detach().contiguous().cpu()
+    return {"scales": scales, "clips": sorted(entry["clips"])}
+
+
+def _unflatten(data: Mapping[str, Any], prefix: str, tensors: Mapping[str, torch.Tensor]
+               ) -> dict[str, Any]:
+    scales = [{**g, "linears": list(g["linears"]), "scale": tensors[f"{prefix}scales.{k}"]}
+              for k, g in enumerate(data["scales"])]
+    return {"scales": scales, "clips": {n: tensors[f"{prefix}clips.{n}"] for n in data["clips"]}}
+
+
+def artifact_bytes(artifact: Mapping[str, Any]) -> bytes:
+    """The artifact as safetensors bytes: tensors plus JSON metadata (no pickle)."""
+    tensors: dict[str, torch.Tensor] = {}
+    head = {k: v for k, v in artifact.items() if k != "layers"}
+    head["layers"] = [_flatten(e, f"layers.{i}.", tensors) for i, e in enumerate(artifact["layers"])]
+    return save_safetensors(tensors, metadata={ARTIFACT_META_KEY: json.dumps(head)})
+
+
+def _write_entry(entry: Mapping[str, Any], path: Path) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    data = _flatten(entry, "", tensors)
+    atomic_write_bytes(path, save_safetensors(tensors, metadata={ARTIFACT_META_KEY: json.dumps(data)}))
+
+
+def _read(path: Path, what: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    if not path.is_file():
+        raise CheckpointError(f"{what} {path} does not exist; run `qcal quantize --method awq`")
+    try:
+        with safe_open(str(path), "pt") as handle:
+            meta = handle.metadata() or {}
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        return json.loads(meta[ARTIFACT_META_KEY]), tensors
+    except (OSError, SafetensorError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path} is not a readable qcal {what} ({str(err).splitlines()[0]}); "
+                              "re-run the AWQ search") from None
+
+
+def _read_entry(path: Path) -> dict[str, Any]:
+    data, tensors = _read(path, "AWQ resume state file")
+    try:
+        return _unflatten(data, "", tensors)
+    except (KeyError, TypeError) as err:
+        raise CheckpointError(f"AWQ resume state file {path} is incomplete ({err}); start over "
+                              "with --overwrite and without --resume") from None
 
 
 def save_artifact(artifact: Mapping[str, Any], path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(dict(artifact), tmp)
-    tmp.replace(path)
-    return path
+    atomic_write_bytes(Path(path), artifact_bytes(artifact))
+    return Path(path)
 
 
 def load_artifact(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"AWQ search artifact {path} does not exist; run `qcal quantize --method awq`")
-    data = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(data, dict) or data.get("format") != ARTIFACT_FORMAT:
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"{path} is not an AWQ search artifact: qcal reads only "
+                              f"{ARTIFACT_NAME} files (older .pt artifacts: re-run the search)")
+    head, tensors = _read(path, "AWQ search artifact")
+    if not isinstance(head, dict) or head.get("format") != ARTIFACT_FORMAT:
         raise CheckpointError(f"{path} is not a qcal AWQ search artifact")
-    return data
+    try:
+        head["layers"] = [_unflatten(e, f"layers.{i}.", tensors) for i, e in enumerate(head["layers"])]
+    except (KeyError, TypeError) as err:
+        raise CheckpointError(f"AWQ search artifact {path} is incomplete ({err}); re-run the "
+                              "search") from None
+    return head
 
 
 def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor,
@@ -255,7 +317,7 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
         entry, layer_losses = search_layer(layer, spec, inputs, cfg, opts.device, prefix)
         entries[index] = entry
         if opts.work_dir is not None:
-            save_artifact(entry, _entry_path(Path(opts.work_dir), index))
+            _write_entry(entry, _entry_path(Path(opts.work_dir), index))
         losses.update(layer_losses)
         return {"losses": layer_losses,
                 "ratios": {g["prev_op"]: g["ratio"] for g in entry["scales"]}}
@@ -268,7 +330,7 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
     n_layers = len(decoder_layers(model, spec))
     for index in range(n_layers):
         if index not in entries:  # finished by an earlier, resumed run
-            entries[index] = torch.load(_entry_path(Path(opts.work_dir), index), weights_only=True)
+            entries[index] = _read_entry(_entry_path(Path(opts.work_dir), index))
             losses.update(logs.get(str(index), {}).get("losses", {}))
     artifact = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, "config": to_dict(cfg),
                 "layers_path": spec.layers_path, "norm_offset": spec.norm_offset,

@@ -64,7 +64,15 @@ def inverse_cholesky(
     Dead channels must already have a non-zero diagonal (see `dead_columns`).
     """
     check_hessian(hessian, name)
-    mean_diag = float(hessian.diagonal().mean())
+    diag = hessian.diagonal()
+    if bool((diag < 0).any()):
+        worst = int(torch.argmin(diag))
+        raise NumericalError(
+            f"the Hessian of {name} has a negative diagonal entry ({float(diag[worst]):.3g} at "
+            f"input {worst}); a sum of squares cannot be negative, so the statistics are corrupt "
+            "(overflow in low precision?): quantize in float32 and check the calibration data"
+        )
+    mean_diag = float(diag.mean())
     if mean_diag <= 0:
         raise NumericalError(
             f"the Hessian of {name} has no positive diagonal entries (all inputs are zero); "
@@ -84,10 +92,13 @@ def inverse_cholesky(
         if damp * DAMP_GROWTH > max_damp_percent * (1 + 1e-9):
             break
         damp *= DAMP_GROWTH
+    # At the ceiling a larger --damp is no fix (GPTQ would degenerate towards RTN).
+    larger = ("" if damp >= max_damp_percent * 0.999
+              else f"pass a larger --damp (up to {max_damp_percent:g}), ")
     raise NumericalError(
         f"the Hessian of {name} is not positive definite even with damp_percent={damp:g}; "
-        "pass a larger --damp (e.g. 0.1), use more calibration samples (--nsamples), or check "
-        "the calibration activations for degenerate values"
+        f"{larger}use more calibration samples (--nsamples), or check the calibration "
+        "activations for degenerate values (NaN/Inf or constant inputs)"
     )
 
 

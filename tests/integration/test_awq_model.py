@@ -100,7 +100,9 @@ def test_replay_refuses_an_artifact_for_another_model(tiny_model_dir: Path, mha_
     with pytest.raises(CheckpointError, match="different model"):
         apply_awq_artifact(other, artifact)
     with pytest.raises(CheckpointError, match="does not exist"):
-        load_artifact(tmp_path / "missing.pt")
+        load_artifact(tmp_path / "missing.safetensors")
+    with pytest.raises(CheckpointError, match="reads only awq_search.safetensors"):
+        load_artifact(tmp_path / "old.pt")
 
 
 def test_resume_after_a_finished_run_rebuilds_the_artifact(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -133,7 +135,8 @@ def test_cli_quantize_awq_writes_a_loadable_gptq_layout_checkpoint(tiny_model_di
     assert config["quantization_config"]["group_size"] == 64
     log = json.loads((out / "quant_log.json").read_text())
     assert log["method"] == "awq" and log["config"]["clip_search"] is True
-    assert Path(str(out) + ".work", ARTIFACT_NAME).is_file()
+    assert (out / "artifacts" / ARTIFACT_NAME).is_file()  # the search travels with the checkpoint
+    assert not Path(str(out) + ".work").exists()  # resume state is removed after success
     loaded, _, _ = load_model(out)
     assert sum(isinstance(m, QuantLinear) for m in loaded.modules()) == 14
     ids = _calib(1, 16, seed=3)
@@ -141,12 +144,12 @@ def test_cli_quantize_awq_writes_a_loadable_gptq_layout_checkpoint(tiny_model_di
     assert torch.isfinite(logits).all()
     # The checkpoint computes what the replayed artifact computes.
     replayed, _, _ = load_model(tiny_model_dir)
-    apply_awq_artifact(replayed, Path(str(out) + ".work", ARTIFACT_NAME))
+    apply_awq_artifact(replayed, out / "artifacts" / ARTIFACT_NAME)
     assert torch.allclose(replayed(ids).logits, logits, atol=1e-4)
     # ... and so does the checkpoint `qcal quantize --awq-artifact` writes, with no calib data.
     again = tmp_path / "replayed"
     assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
-                 "--awq-artifact", str(Path(str(out) + ".work", ARTIFACT_NAME)),
+                 "--awq-artifact", str(out / "artifacts" / ARTIFACT_NAME),
                  "-o", str(again)]) == 0
     assert json.loads((again / "quant_log.json").read_text())["calibration"] is None
     reloaded, _, _ = load_model(again)
@@ -157,18 +160,18 @@ def test_cli_awq_artifact_errors(tiny_model_dir: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture) -> None:
     from qcal.cli import main
 
-    missing = tmp_path / "nope.pt"
+    missing = tmp_path / "nope.safetensors"
     assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
                  "--awq-artifact", str(missing), "-o", str(tmp_path / "o")]) == 2
-    assert "nope.pt does not exist" in capsys.readouterr().err
-    bogus = tmp_path / "bogus.pt"
-    torch.save({"x": 1}, bogus)
+    assert "nope.safetensors does not exist" in capsys.readouterr().err
+    bogus = tmp_path / "bogus.safetensors"
+    bogus.write_bytes(b"not a safetensors file")
     assert main(["quantize", "--model", str(tiny_model_dir), "--method", "gptq",
                  "--awq-artifact", str(bogus), "-o", str(tmp_path / "o")]) == 2
     assert "use it with --method awq" in capsys.readouterr().err
     assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
                  "--awq-artifact", str(bogus), "-o", str(tmp_path / "o")]) == 2
-    assert "not a qcal AWQ search artifact" in capsys.readouterr().err
+    assert "is not a readable qcal AWQ search artifact" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

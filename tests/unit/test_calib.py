@@ -80,7 +80,7 @@ def test_too_short_pool_rejected_with_clear_message(tok: Any) -> None:
         pool.require(2)
     with pytest.raises(NotEnoughDataError, match=r"only 0 windows of 64 tokens.*never padded"):
         build_calib(short, tok, n=2, seqlen=64, seed=0)
-    with pytest.raises(NotEnoughDataError, match="lower --n or --seqlen"):
+    with pytest.raises(NotEnoughDataError, match="fewer samples .--nsamples.*lower --seqlen"):
         build_calib(short, tok, n=2, seqlen=64, seed=0, pack=False)
 
 
@@ -138,7 +138,8 @@ def test_token_statistics_excludes_special_ids() -> None:
 def test_save_load_round_trip_and_tamper_check(tok: Any, docs: list[Document], tmp_path: Path) -> None:
     calib = build_calib(docs, tok, n=4, seqlen=16, seed=1, selector="zipf")
     out = calib.save(tmp_path / "sets" / "z")
-    assert sorted(p.name for p in out.iterdir()) == ["input_ids.safetensors", "manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".qcal-output.json", "input_ids.safetensors",
+                                                     "manifest.json"]
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp leftovers
     back = CalibSet.load(out)
     assert torch.equal(back.input_ids, calib.input_ids) and back.manifest == calib.manifest

@@ -122,8 +122,10 @@ def test_load_text_file_bad_inputs(tmp_path: Path) -> None:
         load_text_file(other)
     with pytest.raises(CorpusNotFoundError, match="missing.txt"):
         load_text_file(tmp_path / "missing.txt")
-    with pytest.raises(ValueError, match="unknown text source"):
+    with pytest.raises(CorpusNotFoundError, match="unknown text source"):
         resolve_source("no-such-corpus-or-file")
+    with pytest.raises(CorpusNotFoundError, match="did you mean 'debian-handbook'"):
+        resolve_source("debian-handbok")
 
 
 def test_hf_dataset_offline_error_is_clear() -> None:

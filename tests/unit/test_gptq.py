@@ -199,9 +199,29 @@ def test_non_positive_definite_hessian_names_layer_and_fix() -> None:
     # diagonal, past the largest automatic damp (1x).
     h = torch.full((8, 8), 3.0)
     h.diagonal().fill_(1.0)
-    with pytest.raises(NumericalError, match=r"model\.layers\.3\.mlp\.down_proj.*--damp"):
+    with pytest.raises(NumericalError, match=r"model\.layers\.3\.mlp\.down_proj.*--nsamples") as err:
         gptq_quantize(torch.randn(4, 8), h, GPTQConfig(QuantScheme(4, -1)),
                       name="model.layers.3.mlp.down_proj")
+    # The damp already grew to its ceiling (1.0): a larger --damp is no fix, so none is offered.
+    assert "damp_percent=1;" in str(err.value) and "--damp" not in str(err.value)
+
+
+def test_damp_hint_offered_below_the_ceiling() -> None:
+    from qcal.quant.hessian import inverse_cholesky
+
+    h = torch.full((8, 8), 3.0)
+    h.diagonal().fill_(1.0)
+    with pytest.raises(NumericalError, match=r"larger --damp \(up to 1\)"):
+        inverse_cholesky(h, 0.5, "x")
+
+
+def test_negative_hessian_diagonal_is_reported_as_such() -> None:
+    from qcal.quant.hessian import inverse_cholesky
+
+    h = torch.eye(4)
+    h[2, 2] = -0.5
+    with pytest.raises(NumericalError, match=r"negative diagonal entry \(-0.5 at input 2\)"):
+        inverse_cholesky(h, 0.01, "x")
 
 
 def test_nan_activations_are_a_clear_error() -> None:

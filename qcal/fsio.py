@@ -1,0 +1,261 @@
+"""Every file qcal writes goes through here: atomic writes, output-directory ownership,
+plain names, free-space checks, locks and stale-temp cleanup.
+
+The rules protect the user's files:
+- qcal replaces a directory only when a marker file (`.qcal-output.json`) says qcal
+  wrote it as an output of the same kind; anything else needs `--overwrite`;
+- an output can never be the model directory, one of its parents, the working
+  directory or one of its parents (not even with `--overwrite`);
+- temp files and directories carry a qcal-specific infix, and cleanup removes only
+  entries with that infix (directories: only when they also hold the marker);
+- names that become path components are plain names (no separators, no `..`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from qcal.errors import ConfigError, QcalError
+
+MARKER = ".qcal-output.json"
+TMP_INFIX = ".qcal-tmp-"
+OLD_INFIX = ".qcal-old-"
+PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}$")
+# Headroom on top of an expected size: filesystems round up, JSON/tokenizer files add up.
+SPACE_MARGIN = 1.1
+SPACE_SLACK_BYTES = 16 * 2**20
+
+
+class DiskFullError(QcalError, OSError):
+    """The disk filled up (or was too small to start) while writing an output."""
+
+
+def plain_name(name: str, what: str) -> str:
+    """`name` if it is safe as one path component (letters, digits, . _ + = -), else an error."""
+    if not isinstance(name, str) or not PLAIN_NAME.match(name) or name in {".", ".."} or ".." in name:
+        raise ConfigError(
+            f"{what} {name!r} is not a plain name; use letters, digits and . _ - "
+            "(no '/', no '..', at most 128 characters)"
+        )
+    return name
+
+
+def _is_within(child: Path, parent: Path) -> bool:
+    try:
+        child.relative_to(parent)
+        return True
+    except ValueError:
+        return False
+
+
+def read_marker(path: Path) -> dict | None:
+    try:
+        data = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def marker_text(kind: str) -> str:
+    return json.dumps({"written_by": "qcal", "kind": kind}) + "\n"
+
+
+def check_output(out: Path | str, kind: str, *, overwrite: bool = False,
+                 protected: tuple[Path | str | None, ...] = (),
+                 legacy_owned: Callable[[Path], bool] | None = None) -> Path:
+    """Refuse an output path whose replacement could destroy something qcal did not write.
+
+    `kind` names the output ("checkpoint", "calibration set", ...); `protected` are
+    inputs (the model directory) that the output may not be, nor contain. A directory
+    from an older qcal without a marker counts as its own when `legacy_owned` says so.
+    """
+    out = Path(out).expanduser().absolute()
+    resolved = out.resolve()
+    guarded = [Path(p).expanduser().resolve() for p in protected if p is not None]
+    guarded.append(Path.cwd().resolve())
+    for inp in guarded:
+        if _is_within(inp, resolved):
+            what = "the working directory" if inp == Path.cwd().resolve() else str(inp)
+            raise ConfigError(
+                f"output {out} is {what} or one of its parents; writing there would replace "
+                "it: choose a new directory for -o (e.g. runs/<name>)"
+            )
+    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
+        raise ConfigError(f"output {out} is a root or home directory; choose a new directory for -o")
+    if not out.exists() and not out.is_symlink():
+        return out
+    if out.is_symlink() or not out.is_dir():
+        if overwrite and not out.is_symlink():
+            return out
+        raise ConfigError(f"output {out} exists and is not a directory; remove it or pass "
+                          "--overwrite to replace it")
+    if not any(out.iterdir()):
+        return out
+    mark = read_marker(out)
+    if mark is not None and mark.get("kind") == kind:
+        return out
+    if mark is None and legacy_owned is not None and legacy_owned(out):
+        return out
+    if overwrite:
+        return out
+    held = f"holds a qcal {mark['kind']}" if mark else "holds files qcal did not write"
+    raise ConfigError(f"output {out} {held}; choose another -o, or pass --overwrite to replace "
+                      f"it with the {kind}")
+
+
+def free_bytes(path: Path) -> int:
+    """Free space of the filesystem `path` would live on (its nearest existing ancestor)."""
+    probe = Path(path).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def check_writable(path: Path | str, expected_bytes: int = 0) -> None:
+    """Before any work: the output's parent must be writable and have room for it."""
+    path = Path(path).absolute()
+    probe = path.parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write {path}: {probe} is not a writable directory; choose "
+                          "another -o or fix its permissions")
+    need = int(expected_bytes * SPACE_MARGIN) + SPACE_SLACK_BYTES
+    have = free_bytes(probe)
+    if have < need:
+        raise DiskFullError(f"not enough free space for {path}: about {need / 2**20:.0f} MiB "
+                            f"needed, {have / 2**20:.0f} MiB free on that disk; free space or "
+                            "choose another -o")
+
+
+def _disk_full(err: OSError, target: Path) -> QcalError:
+    return DiskFullError(f"the disk filled up while writing {target} (nothing was left "
+                         "behind); free space or choose another -o, then run again")
+
+
+def _tmp_sibling(target: Path) -> str:
+    return f".{target.name}{TMP_INFIX}"
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write `path` via a temp sibling and rename: readers see the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_tmp_sibling(path))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual mode
+        os.replace(tmp, path)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            raise _disk_full(err, path) from None
+        raise
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_dir_atomically(out_dir: Path | str, fill: Callable[[Path], None], kind: str) -> Path:
+    """Create `out_dir` by filling a marked temp sibling and renaming it into place.
+
+    The caller has checked with `check_output` that replacing `out_dir` is allowed.
+    A kill leaves only a hidden `.<name>.qcal-tmp-*` sibling, removed by the next run
+    (`clean_stale_siblings`). A full disk removes the partial output and says so.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_siblings(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=_tmp_sibling(out_dir), dir=out_dir.parent))
+    try:
+        (tmp / MARKER).write_text(marker_text(kind), encoding="utf-8")
+        fill(tmp)
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp creates 0700
+        if out_dir.exists() or out_dir.is_symlink():
+            old = out_dir.with_name(f".{out_dir.name}{OLD_INFIX}{os.getpid()}")
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            _remove(old)
+        else:
+            tmp.rename(out_dir)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            raise _disk_full(err, out_dir) from None
+        raise
+    return out_dir
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def clean_stale_siblings(target: Path | str) -> list[Path]:
+    """Remove what an interrupted atomic write of `target` left: qcal's own temp/old siblings."""
+    target = Path(target)
+    removed = []
+    if not target.parent.is_dir():
+        return removed
+    for infix in (TMP_INFIX, OLD_INFIX):
+        for stale in target.parent.glob(f".{glob_escape(target.name)}{infix}*"):
+            if stale.is_dir() and not stale.is_symlink() and read_marker(stale) is None:
+                continue  # not a directory qcal made: leave it
+            _remove(stale)
+            removed.append(stale)
+    return removed
+
+
+def clean_stale_tree(root: Path | str) -> list[Path]:
+    """Remove qcal's own interrupted-write leftovers anywhere under `root` (a qcal-owned tree)."""
+    root = Path(root)
+    removed = []
+    if not root.is_dir():
+        return removed
+    for infix in (TMP_INFIX, OLD_INFIX):
+        for stale in root.rglob(f".*{infix}*"):
+            if stale.is_dir() and not stale.is_symlink() and read_marker(stale) is None:
+                continue
+            _remove(stale)
+            removed.append(stale)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: Path | str, busy_message: str) -> Iterator[None]:
+    """Hold an advisory lock on `lock_file` (created if needed); a second holder gets
+    ConfigError(busy_message). The lock dies with the process, so a kill never leaves it."""
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(busy_message) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
