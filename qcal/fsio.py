@@ -120,13 +120,17 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
+def is_writable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
 def check_writable(path: Path | str, expected_bytes: int = 0) -> None:
     """Before any work: the output's parent must be writable and have room for it."""
     path = Path(path).absolute()
     probe = path.parent
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+    if not is_writable_dir(probe):
         raise ConfigError(f"cannot write {path}: {probe} is not a writable directory; choose "
                           "another -o or fix its permissions")
     need = int(expected_bytes * SPACE_MARGIN) + SPACE_SLACK_BYTES

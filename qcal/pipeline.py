@@ -100,7 +100,13 @@ def guarded_output(out_dir: Path, model_dir: Path | None, policy: OutputPolicy,
                     "add --resume to continue it, or --overwrite to start over"
                 )
             _empty_work_dir(work)
-        yield work
+        try:
+            yield work
+        except BaseException:
+            # Keep finished layers for --resume; a run that saved nothing leaves nothing.
+            if not (work / PROGRESS_FILE).is_file():
+                shutil.rmtree(work, ignore_errors=True)
+            raise
     if not policy.keep_work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -129,7 +129,8 @@ class MultilingualSelector:
             raise NotEnoughDataError(
                 f"not enough {pool.seqlen}-token windows for the language quotas ({have}; pool "
                 f"languages: {pool.summary()['windows_per_language']}); ask for fewer samples "
-                "(--nsamples; --n in `qcal calib build`) or a lower --seqlen, change the weights, or add text in those languages"
+                "(--nsamples; --n in `qcal calib build`) or a lower --seqlen, change the weights, "
+                "or add text in those languages"
             )
         inner = SELECTORS.get(self.inner)()
         chosen: list[int] = []

@@ -25,8 +25,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mse-clip", action="store_true", help="GPTQ: MSE clip search on the grid")
     p.add_argument("--no-clip", action="store_true", help="AWQ: skip the clip search")
     p.add_argument("--awq-artifact", type=Path, default=None,
-                   help="AWQ: replay a saved search (<checkpoint>/artifacts/awq_search.safetensors) instead of "
-                        "searching; needs no calibration data")
+                   help="AWQ: replay a saved search (<checkpoint>/artifacts/awq_search.safetensors) "
+                        "instead of searching; needs no calibration data")
     p.add_argument("--calib", default="debian-handbook",
                    help="calibration set dir, packaged corpus name, text/JSONL file or hf:<name>")
     p.add_argument("--selector", default=None,
