@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from qcal.fsio import atomic_write_text
+
 
 def machine_info() -> dict[str, Any]:
     import torch
@@ -60,14 +62,6 @@ def provenance(command: str | None = None, **extra: Any) -> dict[str, Any]:
         "machine": machine_info(),
         **extra,
     }
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def provenance_markdown(prov: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 from qcal.calib import resolve_calib
 from qcal.cli import command_prefix
@@ -133,8 +134,9 @@ def main() -> int:
             atomic_write_text(state_file, json.dumps(state, indent=1))
         return state[key]
 
-    torch.save(calib.input_ids.clone(), work / "calib.pt")
-    torch.save(windows.clone(), work / "windows.pt")
+    # safetensors, not pickle: the peer's venv reads ids without being able to run code.
+    save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
+    save_file({"ids": windows.contiguous()}, str(work / "windows.safetensors"))
     qcal_dir, peer_dir = work / "qcal-gptq", work / "peer-gptq"
     qcal_cmd = [*command_prefix(), "quantize", "--model", str(model_dir),
                 "--method", "gptq", "--bits", "4",
@@ -155,7 +157,7 @@ def main() -> int:
     def run_peer() -> dict[str, Any]:
         peer_result = work / "peer-quant.json"
         run = timed([args.peer_python, str(WORKER), "quantize", str(model_dir),
-                     str(work / "calib.pt"), str(peer_dir), str(peer_result),
+                     str(work / "calib.safetensors"), str(peer_dir), str(peer_result),
                      *(["--sym"] if sym else []), *(["--desc-act"] if args.desc_act else [])],
                     {"GPTQMODEL_CPU_WORKERS": "2"})
         if run["returncode"] == 0:
@@ -172,9 +174,9 @@ def main() -> int:
             "qcal_loader": step(f"{name}/qcal_loader", lambda p=path: qcal_ppl(p, windows))
             if ok else None,
             "gptqmodel_loader": step(f"{name}/gptqmodel_loader", lambda p=path: peer_ppl(
-                args.peer_python, p, work / "windows.pt", work)) if ok else None,
+                args.peer_python, p, work / "windows.safetensors", work)) if ok else None,
             "transformers_loader": step(f"{name}/transformers_loader", lambda p=path: peer_ppl(
-                args.peer_python, p, work / "windows.pt", work, "hf-ppl")) if ok else None,
+                args.peer_python, p, work / "windows.safetensors", work, "hf-ppl")) if ok else None,
         }
         if ok:
             qc = json.loads((path / "config.json").read_text()).get("quantization_config", {})

@@ -23,8 +23,9 @@ def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bo
              desc_act: bool = False) -> None:
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
+    from safetensors.torch import load_file
 
-    ids = torch.load(calib_path)
+    ids = load_file(calib_path)["ids"]
     calib = [{"input_ids": row.tolist(), "attention_mask": [1] * row.numel()} for row in ids]
     # Matched to qcal's settings: plain GPTQ (act-order only when asked), no group-aware
     # reordering (a GPTQModel extension qcal does not have).
@@ -55,8 +56,8 @@ def _load(checkpoint: str, loader: str, backend: str | None, dtype: Any = None) 
         from transformers import AutoModelForCausalLM, GPTQConfig
 
         extra = {"quantization_config": GPTQConfig(bits=4, backend=backend)} if backend else {}
-        return AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu",
-                                                    dtype=dtype, **extra)
+        return AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu", dtype=dtype,
+                                                    trust_remote_code=False, **extra)
     from gptqmodel import GPTQModel
 
     extra = {"backend": backend} if backend else {}
@@ -88,8 +89,9 @@ def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmode
     bfloat16 (the only float dtypes it takes), and the first failure is reported too.
     """
     import torch
+    from safetensors.torch import load_file
 
-    windows = torch.load(windows_path)
+    windows = load_file(windows_path)["ids"]
     auto_error = None
     started = time.perf_counter()
     try:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from qcal.errors import QcalError
+from qcal.fsio import atomic_write_text
 
 SPLITS = ("calib", "eval")
 PACKAGED_SOURCES = ("debian-handbook", "wiki-summaries")
@@ -65,29 +65,6 @@ def corpus_dir(source: str, data_dir: str | Path | None = None) -> Path:
 
 def cache_dir(data_dir: str | Path | None = None) -> Path:
     return Path(data_dir or default_data_dir()) / "cache"
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # reading the umask means setting it; restore it at once
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory, then rename over ``path``.
-
-    Readers never see a half-written file, and an interrupted run leaves the old one.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_jsonl(path: Path, docs: Iterable[Document], extra: dict[str, Any] | None = None) -> int:

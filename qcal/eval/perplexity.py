@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -129,19 +128,13 @@ def save_token_nll(path: Path | str, streams: dict[str, torch.Tensor],
     Streams computed over the same windows line up token by token, so two models can be
     compared sample by sample (`load_token_nll` reads them back). Written atomically.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from qcal.fsio import atomic_write_bytes
+
     tensors = {k: v.detach().float().contiguous().cpu() for k, v in streams.items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=meta or {})
-        tmp.chmod(0o644)  # safetensors creates 0600; results are meant to be read by others
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    atomic_write_bytes(Path(path), save(tensors, metadata=meta or {}))
+    return Path(path)
 
 
 def load_token_nll(path: Path | str) -> dict[str, torch.Tensor]:

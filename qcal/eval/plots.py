@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
 from qcal.eval.confidence import BinStats
+from qcal.fsio import atomic_write_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +69,10 @@ def reliability_diagram(panels: Sequence[Sequence[Panel]], out_path: Path | str,
     fig.tight_layout(rect=(0, 0.04 if footer else 0, 1, 1))
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}.png")
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(out)
+        fig.savefig(buffer, dpi=110, format="png")
+        atomic_write_bytes(out, buffer.getvalue())
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return out

@@ -57,13 +57,17 @@ class Cli:
 
     def record(self, case: str, argv: tuple, rc: int, line: str) -> None:
         log = os.environ.get("QCAL_RELIABILITY_LOG")
-        if log:
-            with open(log, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"test": self.request.node.name, "case": case,
-                                         "command": "qcal " + " ".join(a if "/" not in a else
-                                                                       Path(a).name for a in
-                                                                       map(str, argv)),
-                                         "exit": rc, "line": line.strip()}) + "\n")
+        if not log:
+            return
+        tmp = str(self.request.getfixturevalue("tmp_path"))
+
+        def short(text: str) -> str:  # the test's temp folder stands for the user's folder
+            return text.replace(tmp, "$T")
+
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"test": self.request.node.name, "case": case,
+                                     "command": short("qcal " + " ".join(map(str, argv))),
+                                     "exit": rc, "line": short(line.strip())}) + "\n")
 
 
 @pytest.fixture()
@@ -359,11 +363,11 @@ def test_unwritable_output_and_full_disk_are_found_before_work(
 
     monkeypatch.setattr(fsio, "is_writable_dir", lambda _: False)  # root ignores chmod
     cli.refused(*gptq_args(home, home / "ro" / "o"), match="not a writable directory",
-                case="-o in an unwritable directory")
+                case="-o in an unwritable directory (emulated: the test runs as root)")
     monkeypatch.undo()
     monkeypatch.setattr(fsio, "free_bytes", lambda _: 2**20)
     cli.refused(*gptq_args(home, home / "o"), match="not enough free space",
-                case="-o on a disk without room (checked before work)")
+                case="-o on a disk without room, checked before work (emulated free space)")
     assert not (home / "o").exists() and not (home / "o.work").exists()
 
 
@@ -388,7 +392,7 @@ def test_disk_filling_during_save_leaves_nothing(cli: Cli, home: Path,
 
     monkeypatch.setattr(checkpoint, "save_file", full)
     cli.refused(*rtn_args(home, home / "o"), match="the disk filled up",
-                case="disk fills during the final save")
+                case="disk fills during the final save (emulated ENOSPC)")
     assert sorted(p.name for p in home.iterdir()) == ["calib.txt", "mymodel", "notes.txt"]
 
 
