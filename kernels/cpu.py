@@ -22,9 +22,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
-from kernels.layout import KernelUnsupportedError, check_packed, sorted_group_layout
-from qcal.packing.format import unpack_cols, unpack_rows
+from qcal_kernels.format import unpack_cols, unpack_rows
+from qcal_kernels.layout import KernelUnsupportedError, check_packed, sorted_group_layout
 
 CPU_GROUP_SIZES = (256, 128, 64, 32)
 COMPUTE_DTYPE = torch.bfloat16

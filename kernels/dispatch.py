@@ -26,16 +26,26 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from qcal_kernels.errors import KernelError
+from qcal_kernels.layout import KernelUnsupportedError, check_packed, contiguous_group_size
+from qcal_kernels.reference import dequantize_packed
 
-from kernels.layout import KernelUnsupportedError, check_packed, contiguous_group_size
-from kernels.reference import dequantize_packed
-from qcal.errors import ConfigError
 
-if TYPE_CHECKING:
-    from qcal.packing.qlinear import QuantLinear
+class QuantLinear(Protocol):
+    """What dispatch needs of a packed linear (qcal's QuantLinear is one): the GPTQ-layout
+    buffers, its widths, and a dict the kernels may cache prepared weights in."""
+
+    qweight: torch.Tensor
+    qzeros: torch.Tensor
+    scales: torch.Tensor
+    g_idx: torch.Tensor
+    bits: int
+    in_features: int
+    out_features: int
+    _kernel_cache: dict[str, Any]
 
 BACKENDS = ("reference", "cpu", "triton")
 # Activation dtypes for which the automatic choice on CPU is the (bf16-computing) int4 op.
@@ -50,7 +60,7 @@ def forced_backend() -> str | None:
     if value in ("", "auto"):
         return None
     if value not in BACKENDS:
-        raise ConfigError(f"{ENV_VAR}={value!r} is not a kernel backend; use one of {BACKENDS} or unset it")
+        raise KernelError(f"{ENV_VAR}={value!r} is not a kernel backend; use one of {BACKENDS} or unset it")
     return value
 
 
@@ -73,7 +83,7 @@ def _cached(layer: QuantLinear, key: str, build: Callable[[], Any]) -> Any:
 
 def _cpu_plan(layer: QuantLinear) -> Any:
     """The layer's CpuInt4Weight, or a string saying why the CPU op cannot serve it."""
-    from kernels.cpu import pack_for_cpu, unsupported_reason
+    from qcal_kernels.cpu import pack_for_cpu, unsupported_reason
 
     def build() -> Any:
         reason = unsupported_reason(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits)
@@ -90,7 +100,7 @@ def _triton_reason(layer: QuantLinear, x: torch.Tensor) -> str | None:
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"the Triton kernel takes float16/bfloat16/float32 activations, got {x.dtype}"
     try:
-        import kernels.int4_matmul  # noqa: F401
+        import qcal_kernels.int4_matmul  # noqa: F401
     except ImportError as err:
         return f"triton is not importable ({err})"
     return None
@@ -142,7 +152,7 @@ def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _triton(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
-    from kernels.int4_matmul import int4_matmul
+    from qcal_kernels.int4_matmul import int4_matmul
 
     def build() -> int:
         _, _, groups = check_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits)
@@ -154,7 +164,7 @@ def _triton(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _cpu(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
-    from kernels.cpu import cpu_int4_matmul
+    from qcal_kernels.cpu import cpu_int4_matmul
 
     y = cpu_int4_matmul(x, _cpu_plan(layer))
     return y if layer.bias is None else y + layer.bias.to(y.dtype)

@@ -25,8 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.configs import (
+from qcal_kernels.configs import (
     DECODE_CONFIGS,
     DECODE_MAX_M,
     FIXED_DECODE,
@@ -36,7 +35,7 @@ from kernels.configs import (
     autotune_enabled,
     m_bucket,
 )
-from kernels.layout import KernelUnsupportedError, check_packed, contiguous_group_size
+from qcal_kernels.layout import KernelUnsupportedError, check_packed, contiguous_group_size
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import torch
+from qcal_kernels.errors import KernelUnsupportedError
 
-from qcal.errors import QcalError
-
-
-class KernelUnsupportedError(QcalError, ValueError):
-    """A kernel backend cannot serve these weights or inputs (the message says why and what to do)."""
+__all__ = ["KernelUnsupportedError", "check_packed", "contiguous_group_size", "sorted_group_layout"]
 
 
 def check_packed(

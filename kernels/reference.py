@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-
-from qcal.errors import ConfigError
-from qcal.packing.format import PACKABLE_BITS
+from qcal_kernels.errors import KernelError
+from qcal_kernels.format import PACKABLE_BITS
 
 
 def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -15,7 +14,7 @@ def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     (so it cannot unpack CUDA tensors).
     """
     if bits not in PACKABLE_BITS:
-        raise ConfigError(f"{bits}-bit codes are not packed; packable widths are {PACKABLE_BITS}")
+        raise KernelError(f"{bits}-bit codes are not packed; packable widths are {PACKABLE_BITS}")
     per = 32 // bits
     kp, n = packed.shape
     words = packed.to(torch.int64) & 0xFFFFFFFF

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from qcal.packing.format import pack_cols, pack_rows
+from qcal_kernels.format import pack_cols, pack_rows
 
 
 def random_packed_weight(

@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 
+from qcal_kernels.errors import KernelError
+
 from qcal.errors import QcalError
 
 COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare")
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except QcalError as err:
+    except (QcalError, KernelError) as err:
         print(f"qcal {args.command}: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:

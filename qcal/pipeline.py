@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
 from qcal.config import QuantScheme, to_dict
@@ -25,6 +26,8 @@ from qcal.fsio import (
     marker_text,
     read_marker,
 )
+from qcal.methods import METHODS, RunOptions, iter_layer_linears
+from qcal.methods.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
 from qcal.model.arch import arch_for, get_module
 from qcal.model.loading import load_model
 from qcal.model.sequential import PROGRESS_FILE, read_progress
@@ -34,9 +37,6 @@ from qcal.packing.checkpoint import (
     is_quantized_checkpoint,
     save_checkpoint,
 )
-from qcal.packing.format import PACKABLE_BITS
-from qcal.quant.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
-from qcal.quant.methods import METHODS, RunOptions, iter_layer_linears
 
 WORK_KIND = "quantization work state"
 
@@ -179,7 +179,7 @@ def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
     result equals that run's checkpoint. The caller guards the output.
     """
     from qcal.config import AWQConfig, from_dict
-    from qcal.quant.awq_runner import apply_awq_artifact, load_artifact
+    from qcal.methods.awq_runner import apply_awq_artifact, load_artifact
 
     art = load_artifact(artifact)
     config = from_dict(AWQConfig, art["config"])

@@ -29,9 +29,9 @@ from qcal.calib import resolve_calib  # noqa: E402
 from qcal.cli import command_prefix  # noqa: E402
 from qcal.data import eval_text  # noqa: E402
 from qcal.eval.perplexity import perplexity  # noqa: E402
+from qcal.methods.awq_runner import ARTIFACT_NAME, load_artifact  # noqa: E402
 from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
 from qcal.paths import results_dir, runs_dir  # noqa: E402
-from qcal.quant.awq_runner import ARTIFACT_NAME, load_artifact  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
 

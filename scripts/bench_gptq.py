@@ -31,9 +31,9 @@ from qcal.cli import command_prefix
 from qcal.config import GPTQConfig, QuantScheme, RTNConfig
 from qcal.data import eval_text
 from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
+from qcal.methods import METHODS, RunOptions
 from qcal.model.loading import load_model, resolve_model_dir
 from qcal.paths import results_dir
-from qcal.quant.methods import METHODS, RunOptions
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
 VARIANTS: dict[str, tuple[str, Any]] = {

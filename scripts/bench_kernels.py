@@ -104,7 +104,7 @@ def random_layer(k: int, n: int, group: int, seed: int = 0) -> QuantLinear:
 
 
 def cpu_matmuls(repeats: int) -> list[dict]:
-    from kernels.cpu import cpu_int4_matmul, pack_for_cpu
+    from qcal_kernels.cpu import cpu_int4_matmul, pack_for_cpu
 
     rows = []
     layer = random_layer(4096, 4096, 128)

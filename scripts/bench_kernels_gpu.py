@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from qcal_kernels.reference import dequantize_packed, int4_matmul_reference
+from qcal_kernels.testing import random_packed_weight
 
-from kernels.reference import dequantize_packed, int4_matmul_reference
-from kernels.testing import random_packed_weight
 from qcal.results import markdown_table, provenance, provenance_markdown
 
 DEVICE = torch.device("cuda")
@@ -66,7 +66,7 @@ def _bench(fn) -> float:  # noqa: ANN001
 
 
 def _config(m: int) -> str:
-    from kernels import int4_matmul as tk
+    from qcal_kernels import int4_matmul as tk
 
     tuner = tk._decode_tuned if m <= tk.DECODE_MAX_M else tk._prefill_tuned
     best = getattr(tuner, "best_config", None)
@@ -103,7 +103,7 @@ def gpu_part(repeats: int) -> Iterator[dict[str, Any]]:
 
 
 def _measure_size(kn: int, section: dict[str, Any], ref_bw: float) -> Iterator[dict[str, Any]]:
-    from kernels.int4_matmul import int4_matmul
+    from qcal_kernels.int4_matmul import int4_matmul
 
     plain, act = make_weight(kn, kn, False), make_weight(kn, kn, True)
     w16 = dequantize_packed(*plain, 4, torch.float16)  # [K, N]: the same weights in fp16

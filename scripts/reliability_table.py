@@ -68,8 +68,9 @@ def main() -> None:
     md = "\n\n".join([
         "# Reliability and security: bad input and faults",
         provenance_markdown(prov),
-        f"{handled} cases handled, {failed} failed, {skipped} skipped here. *Handled* means the test checked all of: the "
-        "exit code (2 for bad input, 130 for Ctrl-C, 0 where the run should proceed), exactly one "
+        f"{handled} cases handled, {failed} failed, {skipped} skipped here. *Handled* means the "
+        "test checked all of: the exit code (2 for bad input, 130 for Ctrl-C, 0 where the run "
+        "should proceed), exactly one "
         "`error:` line naming the problem and the fix, no traceback, no file outside the output "
         "touched or left behind, and for the security cases that the payload did not run.",
         "`$T` is the test's temporary folder, standing for the user's folder (`$T/x/mymodel` is "

@@ -19,10 +19,10 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.compare import FLOAT_CELL, load_cells  # noqa: E402
-from qcal.compare_report import confidence_rows, ppl_table  # noqa: E402
+from qcal.grid import FLOAT_CELL, load_cells  # noqa: E402
+from qcal.grid.report import confidence_rows, ppl_table  # noqa: E402
+from qcal.grid.study import cell_key, selector_means, zipf_vs_perplexity  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
-from qcal.study import cell_key, selector_means, zipf_vs_perplexity  # noqa: E402
 
 SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
 MIXES = ["mix:study10", "mix:en-heavy", "mix:study5"]
@@ -201,7 +201,7 @@ def selection_cost(cells: dict) -> dict[str, dict[str, float]]:
 
 
 def grid_provenance(run: Path, cells: dict) -> dict:
-    from qcal.compare import grid_from_dict, plan_cells
+    from qcal.grid import grid_from_dict, plan_cells
 
     spec = json.loads((run / "grid.json").read_text())["spec"]
     planned = [c.key for c in plan_cells(grid_from_dict(spec))]

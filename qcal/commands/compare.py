@@ -56,8 +56,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from qcal.compare import GridRunner, grid_from_dict, load_grid_config
-    from qcal.compare_report import render_report
+    from qcal.grid import GridRunner, grid_from_dict, load_grid_config
+    from qcal.grid.report import render_report
     from qcal.paths import results_dir, runs_dir
 
     overrides = _overrides(args)
@@ -72,7 +72,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from qcal.compare_report import render_report
+    from qcal.grid.report import render_report
 
     data = render_report(args.run_dir, args.title)
     print(f"wrote {args.run_dir}/report.md with {len(data['perplexity'])} cells")

@@ -60,9 +60,9 @@ def make_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from qcal.errors import ConfigError
+    from qcal.methods import METHODS, RunOptions
     from qcal.model.loading import load_tokenizer, resolve_model_dir
     from qcal.pipeline import OutputPolicy, default_output_dir, guarded_output, quantize_model_dir
-    from qcal.quant.methods import METHODS, RunOptions
 
     if args.awq_artifact is not None:
         return _replay_awq(args)
@@ -118,6 +118,7 @@ def _warn_long_seqlen(model_dir: Path, seqlen: int) -> None:
 def _replay_awq(args: argparse.Namespace) -> int:
     from qcal.config import from_dict
     from qcal.errors import ConfigError
+    from qcal.methods.awq_runner import load_artifact
     from qcal.model.loading import resolve_model_dir
     from qcal.pipeline import (
         OutputPolicy,
@@ -125,7 +126,6 @@ def _replay_awq(args: argparse.Namespace) -> int:
         guarded_output,
         replay_awq_model_dir,
     )
-    from qcal.quant.awq_runner import load_artifact
 
     if args.method != "awq":
         raise ConfigError("--awq-artifact replays an AWQ search; use it with --method awq")

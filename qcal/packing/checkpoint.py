@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from qcal_kernels.format import PACKABLE_BITS, pack_cols, unpack_cols
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -24,7 +25,6 @@ from torch import nn
 from qcal.errors import CheckpointError, ModelNotFoundError
 from qcal.fsio import write_dir_atomically
 from qcal.model.arch import get_module, set_module
-from qcal.packing.format import PACKABLE_BITS, pack_cols, unpack_cols
 from qcal.packing.qlinear import QuantLinear
 
 WEIGHTS_NAME = "model.safetensors"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from qcal_kernels.format import PACKABLE_BITS, pack_cols, pack_rows
 from torch import nn
 
-from qcal.packing.format import PACKABLE_BITS, pack_cols, pack_rows
 from qcal.quant.base import QuantResult
 
 
@@ -62,7 +62,7 @@ class QuantLinear(nn.Module):
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight [out, in] this layer represents."""
-        from kernels.reference import dequantize_packed
+        from qcal_kernels.reference import dequantize_packed
 
         w = dequantize_packed(self.qweight, self.qzeros, self.scales, self.g_idx, self.bits)
         return w.T.contiguous().to(dtype)
@@ -74,13 +74,13 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Triton on CUDA, torch's int4 op on CPU, else the reference (kernels/dispatch.py;
         `QCAL_KERNEL=reference|cpu|triton` forces one)."""
-        from kernels.dispatch import quant_linear_forward
+        from qcal_kernels.dispatch import quant_linear_forward
 
         return quant_linear_forward(self, x)
 
     def kernel_backend(self, x: torch.Tensor) -> str:
         """The backend `forward(x)` would use: 'triton', 'cpu' or 'reference'."""
-        from kernels.dispatch import select_backend
+        from qcal_kernels.dispatch import select_backend
 
         return select_backend(self, x)
 

@@ -25,7 +25,7 @@ import torch
 
 from qcal.config import QuantScheme
 from qcal.errors import NumericalError
-from qcal.quant import grid
+from qcal.quant import intgrid as grid
 
 # Floor on candidate scales so a dead input channel cannot produce 0 or inf.
 MIN_SCALE = 1e-4

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from qcal.config import QuantScheme
-from qcal.quant import grid
+from qcal.quant import intgrid as grid
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ import torch
 
 from qcal.config import GPTQConfig, QuantScheme
 from qcal.errors import ConfigError
-from qcal.quant import grid
+from qcal.quant import intgrid as grid
 from qcal.quant.base import QuantResult
 from qcal.quant.hessian import dead_columns, hessian_loss, inverse_cholesky
 

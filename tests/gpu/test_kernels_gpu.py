@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from qcal_kernels.configs import KernelConfig
+from qcal_kernels.reference import int4_matmul_reference
+from qcal_kernels.testing import random_packed_weight
 
-from kernels.configs import KernelConfig
-from kernels.reference import int4_matmul_reference
-from kernels.testing import random_packed_weight
 from qcal.config import QuantScheme
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
@@ -38,7 +38,7 @@ SWEEP = [(m, k, n, g, act, dt) for m in (1, 5, 16, 128, 300)
 
 @pytest.mark.parametrize("m, k, n, group, act, dtype", SWEEP)
 def test_fixed_config_sweep(monkeypatch: pytest.MonkeyPatch, m, k, n, group, act, dtype) -> None:
-    from kernels.int4_matmul import int4_matmul
+    from qcal_kernels.int4_matmul import int4_matmul
 
     monkeypatch.setenv("QCAL_AUTOTUNE", "0")
     weight = packed_weight(k, n, group, act)
@@ -60,7 +60,7 @@ BRANCHES = [  # (M, K, N, group, config): each reaches another compile-time bran
 @pytest.mark.parametrize("m, k, n, group, config", BRANCHES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_branches(m, k, n, group, config, dtype) -> None:
-    from kernels.int4_matmul import int4_matmul
+    from qcal_kernels.int4_matmul import int4_matmul
 
     weight = packed_weight(k, n, group)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -70,7 +70,7 @@ def test_branches(m, k, n, group, config, dtype) -> None:
 @pytest.mark.parametrize("m", [1, 64])
 @pytest.mark.parametrize("act", [False, True])
 def test_autotuned_paths(monkeypatch: pytest.MonkeyPatch, m: int, act: bool) -> None:
-    from kernels.int4_matmul import int4_matmul
+    from qcal_kernels.int4_matmul import int4_matmul
 
     monkeypatch.setenv("QCAL_AUTOTUNE", "1")
     weight = packed_weight(4096, 4096, 128, act)
@@ -84,7 +84,7 @@ def test_autotuned_paths(monkeypatch: pytest.MonkeyPatch, m: int, act: bool) -> 
 
 @pytest.mark.parametrize("m", [1, 33])
 def test_float32_activations_and_strided_input(monkeypatch: pytest.MonkeyPatch, m: int) -> None:
-    from kernels.int4_matmul import int4_matmul
+    from qcal_kernels.int4_matmul import int4_matmul
 
     monkeypatch.setenv("QCAL_AUTOTUNE", "0")
     weight = packed_weight(512, 256, 64)

@@ -11,11 +11,8 @@ import torch
 
 from qcal.config import AWQConfig, QuantScheme
 from qcal.errors import CheckpointError
-from qcal.model.arch import arch_for, decoder_layers
-from qcal.model.capture import capture_layer0_inputs, run_layer
-from qcal.model.loading import load_model
-from qcal.packing.qlinear import QuantLinear
-from qcal.quant.awq_runner import (
+from qcal.methods import RunOptions
+from qcal.methods.awq_runner import (
     ARTIFACT_NAME,
     apply_awq_artifact,
     awq_quantize_model,
@@ -23,7 +20,10 @@ from qcal.quant.awq_runner import (
     group_applies,
     load_artifact,
 )
-from qcal.quant.methods import RunOptions
+from qcal.model.arch import arch_for, decoder_layers
+from qcal.model.capture import capture_layer0_inputs, run_layer
+from qcal.model.loading import load_model
+from qcal.packing.qlinear import QuantLinear
 
 pytestmark = pytest.mark.integration
 

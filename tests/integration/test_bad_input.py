@@ -409,7 +409,7 @@ def test_truncated_work_file_on_resume(cli: Cli, home: Path) -> None:
 
 
 def test_compare_restarts_a_cell_whose_work_file_is_corrupt(home: Path, tmp_path: Path) -> None:
-    from qcal.compare import GridRunner, GridSpec
+    from qcal.grid import GridRunner, GridSpec
 
     spec = GridSpec(name="g", model=str(home / "mymodel"), selectors=("random",), methods=("gptq",),
                     group_size=32, source=str(home / "calib.txt"), nsamples=4, seqlen=32,

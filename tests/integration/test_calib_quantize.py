@@ -12,10 +12,10 @@ from qcal.calib import CalibSet, build_calib, resolve_calib
 from qcal.cli import main
 from qcal.config import GPTQConfig, QuantScheme, RTNConfig
 from qcal.data.corpus import Document, write_jsonl
+from qcal.methods import METHODS
 from qcal.model.loading import load_tokenizer
 from qcal.model.tiny import stdlib_text
 from qcal.pipeline import quantize_model_dir
-from qcal.quant.methods import METHODS
 
 pytestmark = pytest.mark.integration
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from qcal import compare
 from qcal.cli import main
-from qcal.compare import GridRunner, GridSpec, plan_cells
-from qcal.compare_report import render_report
 from qcal.errors import ConfigError
+from qcal.grid import GridRunner, GridSpec, plan_cells
+from qcal.grid import runner as compare
+from qcal.grid import spec as grid_spec
+from qcal.grid.report import render_report
 from qcal.model.tiny import stdlib_text
 
 pytestmark = pytest.mark.integration
@@ -118,9 +119,9 @@ def test_cli_compare_with_config_file(tiny_model_dir: Path, texts, tmp_path: Pat
 
 def test_desc_act_reaches_gptq_config_only(tiny_model_dir: Path, texts) -> None:
     spec = spec_for(tiny_model_dir, texts, desc_act=True, methods=("rtn", "gptq", "awq"))
-    assert compare.method_config("gptq", spec).desc_act is True
-    assert compare.method_config("gptq", spec_for(tiny_model_dir, texts)).desc_act is False
-    assert not hasattr(compare.method_config("rtn", spec), "desc_act")
+    assert grid_spec.method_config("gptq", spec).desc_act is True
+    assert grid_spec.method_config("gptq", spec_for(tiny_model_dir, texts)).desc_act is False
+    assert not hasattr(grid_spec.method_config("rtn", spec), "desc_act")
 
 
 def test_cli_desc_act_flag_sets_grid_field() -> None:
@@ -168,7 +169,7 @@ def test_grid_with_task_and_calibration_reports_drift(tiny_model_dir: Path, text
 
 @pytest.mark.parametrize("name", ["multilingual_grid", "zipcal_grid"])
 def test_study_config_files_parse(name: str) -> None:
-    from qcal.compare import load_grid_config
+    from qcal.grid import load_grid_config
 
     spec = load_grid_config(Path(__file__).parents[2] / "configs" / f"{name}.yaml")
     assert spec.name == name and spec.desc_act and spec.nsamples == 16

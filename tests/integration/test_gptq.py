@@ -14,16 +14,15 @@ from safetensors.torch import load_file, save_file
 from qcal.cli import main
 from qcal.config import GPTQConfig, QuantScheme
 from qcal.errors import CheckpointError, ConfigError
+from qcal.methods import RunOptions, gptq_runner
+from qcal.methods.gptq_runner import HessianSink, run_gptq
 from qcal.model.arch import arch_for, decoder_layers, get_module
 from qcal.model.capture import capture_layer0_inputs, feed_linear_inputs
 from qcal.model.loading import load_model
 from qcal.model.tiny import stdlib_text
 from qcal.packing.checkpoint import load_checkpoint
 from qcal.pipeline import quantize_model_dir
-from qcal.quant import gptq_runner
-from qcal.quant.gptq_runner import HessianSink, run_gptq
 from qcal.quant.hessian import accumulate_hessian
-from qcal.quant.methods import RunOptions
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from qcal.config import GPTQConfig, QuantScheme
+from qcal.methods import RunOptions, apply_result
+from qcal.methods.gptq_runner import run_gptq
 from qcal.model.loading import load_model
 from qcal.model.tiny import stdlib_text
 from qcal.packing.checkpoint import load_checkpoint, save_checkpoint
-from qcal.quant.gptq_runner import run_gptq
-from qcal.quant.methods import RunOptions, apply_result
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_zero_point_zero_is_stored_as_v2(tiny_model_dir: Path, ids: torch.Tensor
 
 def test_symmetric_checkpoint_is_v1_with_zeros_minus_one(tiny_model_dir: Path, ids: torch.Tensor,
                                                          tmp_path: Path) -> None:
-    from qcal.packing.format import unpack_cols
+    from qcal_kernels.format import unpack_cols
 
     net, tok, _ = load_model(tiny_model_dir)
     cfg = GPTQConfig(QuantScheme(4, 64, sym=True), static_groups=True, desc_act=True)

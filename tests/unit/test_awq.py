@@ -10,9 +10,9 @@ from torch import nn
 
 from qcal.config import AWQConfig, QuantScheme, from_json, to_json
 from qcal.errors import CheckpointError, ConfigError
+from qcal.methods.awq_runner import call_block, fold_scale, group_applies
 from qcal.model.arch import ARCHS, LLAMA_LIKE, ScaleGroup
 from qcal.quant import awq
-from qcal.quant.awq_runner import call_block, fold_scale, group_applies
 from qcal.quant.base import rtn_quantize
 
 pytestmark = pytest.mark.unit

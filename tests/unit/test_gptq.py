@@ -9,7 +9,7 @@ import torch
 from qcal.config import GPTQConfig, QuantScheme
 from qcal.errors import NumericalError
 from qcal.packing.qlinear import QuantLinear
-from qcal.quant import grid
+from qcal.quant import intgrid as grid
 from qcal.quant.base import rtn_quantize
 from qcal.quant.gptq import act_order_perm, gptq_quantize, group_params
 from qcal.quant.hessian import accumulate_hessian, hessian_loss, inverse_cholesky

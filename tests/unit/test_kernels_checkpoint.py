@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from qcal_kernels.cpu import cpu_int4_available
 
-from kernels.cpu import cpu_int4_available
 from qcal.config import QuantScheme, RTNConfig
 from qcal.packing.checkpoint import load_checkpoint, quant_modules
 from qcal.pipeline import quantize_model_dir

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from qcal_kernels.cpu import cpu_int4_available, cpu_int4_matmul, pack_for_cpu, unsupported_reason
+from qcal_kernels.errors import KernelError
+from qcal_kernels.layout import KernelUnsupportedError, contiguous_group_size
+from qcal_kernels.reference import int4_matmul_reference
+from qcal_kernels.testing import random_packed_weight
 
-from kernels.cpu import cpu_int4_available, cpu_int4_matmul, pack_for_cpu, unsupported_reason
-from kernels.layout import KernelUnsupportedError, contiguous_group_size
-from kernels.reference import int4_matmul_reference
-from kernels.testing import random_packed_weight
 from qcal.config import QuantScheme
-from qcal.errors import ConfigError, QcalError
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
 
@@ -174,20 +174,20 @@ def test_eight_bit_layers_use_reference(monkeypatch: pytest.MonkeyPatch) -> None
         torch.testing.assert_close(layer(x), exact(layer, x), rtol=1e-5, atol=1e-5)
 
 
-def test_bad_backend_name_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_backend_name_is_a_kernel_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QCAL_KERNEL", "cuda-magic")
-    with pytest.raises(ConfigError, match="reference"):
+    with pytest.raises(KernelError, match="reference"):
         quant_linear(128, 64, 32)(torch.randn(1, 128))
 
 
 def test_forced_triton_on_cpu_without_interpreter_is_clear(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton")
-    import kernels.int4_matmul as tk
+    import qcal_kernels.int4_matmul as tk
 
     if tk.is_interpreted():
         pytest.skip("this process runs Triton interpreted; covered by test_kernels_triton.py")
     monkeypatch.setenv("QCAL_KERNEL", "triton")
-    with torch.no_grad(), pytest.raises(QcalError, match="CUDA"):
+    with torch.no_grad(), pytest.raises(KernelError, match="CUDA"):
         quant_linear(128, 64, 32)(torch.randn(1, 128))
 
 
@@ -219,8 +219,8 @@ def test_in_place_weight_updates_rebuild_the_repack(monkeypatch: pytest.MonkeyPa
 
 
 def test_reference_unpacks_on_the_weights_device() -> None:
-    from kernels.reference import _unpack_rows
-    from qcal.packing.format import unpack_rows
+    from qcal_kernels.format import unpack_rows
+    from qcal_kernels.reference import _unpack_rows
 
     qw, qz, _, _ = packed_weight(64, 32, 32)
     assert torch.equal(_unpack_rows(qw, 4), unpack_rows(qw, 4))

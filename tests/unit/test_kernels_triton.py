@@ -15,11 +15,11 @@ import sys
 
 import pytest
 import torch
+from qcal_kernels.configs import KernelConfig
+from qcal_kernels.layout import KernelUnsupportedError
+from qcal_kernels.reference import int4_matmul_reference
+from qcal_kernels.testing import random_packed_weight
 
-from kernels.configs import KernelConfig
-from kernels.layout import KernelUnsupportedError
-from kernels.reference import int4_matmul_reference
-from kernels.testing import random_packed_weight
 from qcal.config import QuantScheme
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
@@ -45,7 +45,7 @@ def check(y: torch.Tensor, x: torch.Tensor, weight) -> None:
 
 
 def tk():
-    import kernels.int4_matmul as mod
+    import qcal_kernels.int4_matmul as mod
 
     assert mod.is_interpreted()
     return mod

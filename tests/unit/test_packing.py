@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from qcal_kernels.errors import KernelError
+from qcal_kernels.format import pack_cols, pack_rows, unpack_cols, unpack_rows
+from qcal_kernels.reference import dequantize_packed
 
-from kernels.reference import dequantize_packed
 from qcal.config import QuantScheme
-from qcal.errors import ConfigError
-from qcal.packing.format import pack_cols, pack_rows, unpack_cols, unpack_rows
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
 
@@ -33,9 +33,9 @@ def test_pack_cols_identity_and_known_word() -> None:
 
 
 def test_unpackable_widths_raise_clear_errors() -> None:
-    with pytest.raises(ConfigError, match="3-bit codes cannot be packed"):
+    with pytest.raises(KernelError, match="3-bit codes cannot be packed"):
         pack_rows(torch.zeros(32, 8, dtype=torch.int32), 3)
-    with pytest.raises(ConfigError, match="cannot pack 12 rows"):
+    with pytest.raises(KernelError, match="cannot pack 12 rows"):
         pack_rows(torch.zeros(12, 8, dtype=torch.int32), 4)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from qcal.study import cell_key, selector_means, zipf_vs_perplexity
+from qcal.grid.study import cell_key, selector_means, zipf_vs_perplexity
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +43,7 @@ def test_zipf_verdict_waits_for_both_cells():
 
 
 def test_report_names_each_command_that_produced_cells():
-    from qcal.compare_report import _command_lines
+    from qcal.grid.report import _command_lines
 
     one = {"float": {"provenance": {"command": "qcal compare a"}},
            "x__gptq": {"provenance": {"command": "qcal compare a"}}}

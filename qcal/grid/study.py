@@ -11,7 +11,7 @@ from statistics import mean
 
 def cell_key(selector: str, method: str) -> str:
     """Name of a grid cell: the grid's own `Cell.key`, so the two cannot drift apart."""
-    from qcal.compare import Cell
+    from qcal.grid.spec import Cell
 
     return Cell(selector, method).key
 

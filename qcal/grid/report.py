@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from qcal.compare import FLOAT_CELL, load_cells
 from qcal.errors import ConfigError
+from qcal.grid import FLOAT_CELL, load_cells
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
 

@@ -2,7 +2,9 @@
 
 A method's `run(model, config, calib_ids, options)` quantizes every linear named by
 the model's ArchSpec, replaces it in place (packed `QuantLinear`, or a fake-quant
-`nn.Linear` for widths that cannot pack), and returns per-linear losses.
+`nn.Linear` for widths that cannot pack), and returns per-linear losses. Methods are
+registered explicitly in `qcal.methods` (the package's `__init__`), by config type
+and by name.
 """
 
 from __future__ import annotations
@@ -13,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
-from tqdm.auto import tqdm
 
-from qcal.config import RTNConfig
-from qcal.model.arch import ArchSpec, arch_for, decoder_layers, get_module, set_module
-from qcal.packing.format import PACKABLE_BITS
+from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
 from qcal.packing.qlinear import QuantLinear
-from qcal.quant.base import QuantResult, rtn_quantize
+from qcal.quant.base import QuantResult
 from qcal.registry import Registry
 
 
@@ -50,7 +50,8 @@ class QuantMethod:
     run: RunFn
 
 
-METHODS: Registry[QuantMethod] = Registry("quantization method")
+def new_method_registry() -> Registry[QuantMethod]:
+    return Registry("quantization method")
 
 
 def apply_result(model: nn.Module, name: str, result: QuantResult, packed: bool = True) -> nn.Module:
@@ -74,24 +75,3 @@ def iter_layer_linears(model: nn.Module, spec: ArchSpec) -> list[tuple[int, str]
     layers = decoder_layers(model, spec)
     return [(i, f"{spec.layers_path}.{i}.{lin}") for i in range(len(layers))
             for lin in spec.linear_names]
-
-
-def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,
-            opts: RunOptions) -> dict[str, float | None]:
-    spec = arch_for(model)
-    losses: dict[str, float | None] = {}
-    for _, name in tqdm(iter_layer_linears(model, spec), desc="rtn", disable=not opts.progress):
-        weight = get_module(model, name).weight.detach()
-        result = rtn_quantize(weight, cfg.scheme, name=name)
-        losses[name] = float((result.dequantize() - weight.float()).pow(2).sum())
-        apply_result(model, name, result, opts.packed)
-    return losses
-
-
-METHODS.register("rtn", QuantMethod("rtn", RTNConfig, False, run_rtn))
-
-# Method modules register themselves; imported last because they import this module.
-from qcal.quant import (  # noqa: E402,F401
-    awq_runner,  # registers "awq"
-    gptq_runner,  # registers "gptq"
-)

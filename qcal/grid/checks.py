@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from qcal.errors import ConfigError
 
 if TYPE_CHECKING:
-    from qcal.compare import GridSpec
+    from qcal.grid.spec import GridSpec
 
 
 def validate_grid(spec: GridSpec, trust_remote_code: bool = False) -> None:

@@ -38,13 +38,13 @@ from torch import nn
 from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict, to_json
 from qcal.errors import CheckpointError, ConfigError
 from qcal.fsio import atomic_write_bytes
+from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.sequential import layer_linear, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
 from qcal.quant.base import rtn_quantize
-from qcal.quant.methods import METHODS, QuantMethod, RunOptions, apply_result
 
 ARTIFACT_FORMAT = "qcal-awq-search"
 ARTIFACT_VERSION = 1
@@ -376,4 +376,4 @@ def run_awq(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor | None,
     return losses
 
 
-METHODS.register("awq", QuantMethod("awq", AWQConfig, True, run_awq))
+METHOD = QuantMethod("awq", AWQConfig, True, run_awq)

@@ -7,7 +7,7 @@ import torch
 
 from qcal.config import GPTQConfig, QuantScheme, from_json, to_json
 from qcal.errors import ConfigError
-from qcal.quant import grid
+from qcal.quant import intgrid as grid
 from qcal.quant.base import rtn_quantize
 from qcal.registry import Registry
 

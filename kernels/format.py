@@ -9,15 +9,14 @@ qzeros packs along out_features the same way. Only widths that divide 32 pack
 from __future__ import annotations
 
 import torch
-
-from qcal.errors import ConfigError
+from qcal_kernels.errors import KernelError
 
 PACKABLE_BITS = (2, 4, 8)
 
 
 def _per_word(bits: int) -> int:
     if bits not in PACKABLE_BITS:
-        raise ConfigError(f"{bits}-bit codes cannot be packed; packable widths are {PACKABLE_BITS}")
+        raise KernelError(f"{bits}-bit codes cannot be packed; packable widths are {PACKABLE_BITS}")
     return 32 // bits
 
 
@@ -32,7 +31,7 @@ def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     per = _per_word(bits)
     k, n = codes.shape
     if k % per:
-        raise ConfigError(f"cannot pack {k} rows into int32 words of {per} {bits}-bit codes")
+        raise KernelError(f"cannot pack {k} rows into int32 words of {per} {bits}-bit codes")
     c = codes.to(torch.int64).reshape(k // per, per, n)
     packed_device = codes.device
     shifts = (torch.arange(per, dtype=torch.int64, device=packed_device) * bits).view(1, per, 1)

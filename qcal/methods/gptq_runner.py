@@ -18,13 +18,13 @@ from torch import nn
 
 from qcal.config import GPTQConfig, to_json
 from qcal.errors import ConfigError
+from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, arch_for
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.offload import DiskWeights
 from qcal.model.sequential import layer_linear, sequential_quantize
 from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian
-from qcal.quant.methods import METHODS, QuantMethod, RunOptions, apply_result
 
 ACT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CALIB_BATCH = 8
@@ -131,4 +131,4 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
             for index, per_layer in logs.items() for name, loss in per_layer.items()}
 
 
-METHODS.register("gptq", QuantMethod("gptq", GPTQConfig, True, run_gptq))
+METHOD = QuantMethod("gptq", GPTQConfig, True, run_gptq)
