@@ -12,7 +12,11 @@ import dataclasses
 
 from torch import nn
 
+from qcal.module_tree import get_module, set_module
 from qcal.registry import Registry
+
+__all__ = ["ARCHS", "ArchSpec", "ScaleGroup", "arch_for", "decoder_layers", "get_module",
+           "set_module"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,19 +84,6 @@ ARCHS.register("Gemma3ForCausalLM", dataclasses.replace(
 def arch_for(model: nn.Module) -> ArchSpec:
     name = type(model).__name__
     return ARCHS.get(name) if name in ARCHS else LLAMA_LIKE
-
-
-def get_module(root: nn.Module, path: str) -> nn.Module:
-    module = root
-    for part in path.split("."):
-        module = getattr(module, part)
-    return module
-
-
-def set_module(root: nn.Module, path: str, new: nn.Module) -> None:
-    parent_path, _, leaf = path.rpartition(".")
-    parent = get_module(root, parent_path) if parent_path else root
-    setattr(parent, leaf, new)
 
 
 def decoder_layers(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:

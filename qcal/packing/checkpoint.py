@@ -24,7 +24,7 @@ from torch import nn
 
 from qcal.errors import CheckpointError, ModelNotFoundError
 from qcal.fsio import write_dir_atomically
-from qcal.model.arch import get_module, set_module
+from qcal.module_tree import get_module, set_module
 from qcal.packing.qlinear import QuantLinear
 
 WEIGHTS_NAME = "model.safetensors"
