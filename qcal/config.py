@@ -146,11 +146,21 @@ class AWQConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CalibConfig:
+    """Which calibration data: a selector over a source (packaged corpus, text/JSONL file,
+    hf:<dataset>, or a saved set's directory or name), how many windows of how many tokens,
+    and the seed of the draw."""
+
     selector: str = "random"
     source: str = "debian-handbook"
     nsamples: int = 128
     seqlen: int = 512
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nsamples < 1:
+            raise ConfigError(f"--nsamples {self.nsamples} must be at least 1; GPTQ used 128")
+        if self.seqlen < 2:
+            raise ConfigError(f"--seqlen {self.seqlen} must be at least 2; the default is 512")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +169,8 @@ class EvalConfig:
 
     Perplexity on held-out text per language (fixed windows of `seqlen`, or strided);
     lm-eval `tasks` (local or standard names, first `limit` items each); with
-    `calibration`, confidence metrics with `ece_bins` equal-width bins (15 equal-count
-    ranges for adaptive ECE use the same count).
+    `confidence`, confidence-calibration metrics (ECE, Brier, ...) with `ece_bins`
+    equal-width bins (15 equal-count ranges for adaptive ECE use the same count).
     """
 
     seqlen: int = 512
@@ -174,7 +184,7 @@ class EvalConfig:
     limit: int | None = None
     num_fewshot: int | None = None
     task_batch_size: int = 16
-    calibration: bool = False
+    confidence: bool = False  # confidence metrics; not the calibration *set*
     ece_bins: int = 15
 
     def __post_init__(self) -> None:
@@ -186,8 +196,8 @@ class EvalConfig:
             raise ConfigError(f"--limit {self.limit} must be a positive number of items")
         if self.ece_bins < 1:
             raise ConfigError(f"--ece-bins {self.ece_bins} must be at least 1; the usual is 15")
-        if self.calibration and not self.tasks:
-            raise ConfigError("--calibration scores multiple-choice items: add --tasks "
+        if self.confidence and not self.tasks:
+            raise ConfigError("--confidence scores multiple-choice items: add --tasks "
                               "(e.g. --tasks qcal_nextsent_en)")
         from qcal.fsio import plain_name
 

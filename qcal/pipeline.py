@@ -92,13 +92,12 @@ def guarded_output(out_dir: Path, model_dir: Path | None, policy: OutputPolicy,
             "another -o")
     with exclusive_lock(work / ".lock", busy):
         clean_stale_siblings(out_dir)
-        progress = read_progress(work) if (work / PROGRESS_FILE).is_file() else None
-        if progress is not None and not policy.resume:
+        if (work / PROGRESS_FILE).is_file() and not policy.resume:
             if not policy.overwrite:
-                raise ConfigError(
-                    f"{work} holds an interrupted run ({int(progress['done']) + 1} layers done); "
-                    "add --resume to continue it, or --overwrite to start over"
-                )
+                progress = read_progress(work)
+                done = int(progress["done"]) + 1 if progress else 0
+                raise ConfigError(f"{work} holds an interrupted run ({done} layers done); add "
+                                  "--resume to continue it, or --overwrite to start over")
             _empty_work_dir(work)
         try:
             yield work
@@ -125,6 +124,7 @@ def quantize_model_dir(
     model: str | Path | None, method: str, config: Any, out_dir: Path,
     calib_ids: torch.Tensor | None = None, calib_manifest: dict[str, Any] | None = None,
     opts: RunOptions | None = None, trust_remote_code: bool = False,
+    extra_log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load `model`, quantize it with `method`, write a GPTQ-layout checkpoint to `out_dir`.
 
@@ -158,7 +158,7 @@ def quantize_model_dir(
         "damp_percent": getattr(config, "damp_percent", 0.01),
         "static_groups": getattr(config, "static_groups", False),
     }
-    log = {"losses": losses, **meta}
+    log = {"losses": losses, **meta, **(extra_log or {})}
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str)}
     artifact = Path(opts.work_dir) / AWQ_ARTIFACT if opts.work_dir is not None else None
     if method == "awq" and artifact is not None and artifact.is_file():

@@ -26,4 +26,4 @@ CKPT=runs/smollm2-135m-instruct-rtn-w4g128
 qcal quantize --method rtn --bits 4 --group-size 128 -o "$CKPT"
 
 qcal eval --model "$CKPT" --base "$BASE" --ppl --langs "$LANGS" --max-windows "$MAX_WINDOWS" \
-  --tasks "$TASKS" ${LIMIT:+--limit "$LIMIT"} --calibration -o "$OUT"
+  --tasks "$TASKS" ${LIMIT:+--limit "$LIMIT"} --confidence -o "$OUT"

@@ -105,6 +105,8 @@ class PerplexitySelector:
     max_candidates: int | None = None
     ref_model: str | None = None
     model: Any = dataclasses.field(default=None, compare=False, repr=False)
+    # Where the reference model it loads itself runs (`--device`); not part of the selection.
+    device: str | None = dataclasses.field(default=None, compare=False)
     progress: bool = True
     name: str = "perplexity"
 
@@ -131,8 +133,12 @@ class PerplexitySelector:
                 raise ConfigError(f"max_candidates={self.max_candidates} is below n={n}; raise it")
             rng = np.random.default_rng(seed)
             candidates = np.sort(rng.choice(len(pool), size=self.max_candidates, replace=False))
-        model = self.model if self.model is not None else load_reference_model(pool.tokenizer,
-                                                                                self.ref_model)
+        model = self.model
+        if model is None:
+            from qcal.devices import resolve_device
+
+            model = load_reference_model(pool.tokenizer, self.ref_model)
+            model.to(resolve_device(self.device or "auto"))
         ids = pool.ids[torch.from_numpy(candidates)]
         if self.score_tokens is not None:
             ids = ids[:, :self.score_tokens]

@@ -30,6 +30,8 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--objective", default=None, help="zipf: coverage (default) or invfreq")
     b.add_argument("--pool-size", type=int, default=None, help="zipf: random eligible pool per step")
     b.add_argument("--ref-model", default=None, help="perplexity: float reference model dir")
+    b.add_argument("--device", default="auto",
+                   help="perplexity: where the reference model scores (cpu, cuda, cuda:N, auto)")
     b.add_argument("--batch-size", type=int, default=None, help="perplexity: scoring batch size")
     b.add_argument("--score-tokens", type=int, default=None,
                    help="perplexity: score only the first K tokens of each window")
@@ -70,6 +72,10 @@ def selector_options(args: argparse.Namespace) -> tuple[str, dict[str, Any], lis
                                "pool_size": args.pool_size, "ref_model": args.ref_model,
                                "batch_size": args.batch_size, "score_tokens": args.score_tokens,
                                "max_candidates": args.max_candidates, "inner": args.inner}
+    if selector.startswith(("perplexity", "ppl")):
+        from qcal.devices import resolve_device
+
+        options["device"] = resolve_device(args.device)
     if args.weights or args.mix:
         if selector != "multilingual":
             raise ConfigError("--weights/--mix need --selector multilingual")

@@ -25,12 +25,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seqlen", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--eval", default=None,
-                   help="comma list: ppl, calibration and task names (e.g. ppl,qcal_nextsent_en)")
+                   help="comma list: ppl, confidence (metrics on the tasks) and task names "
+                        "(e.g. ppl,confidence,qcal_nextsent_en)")
     p.add_argument("--eval-langs", default=None, help="perplexity languages, e.g. en,de,ja")
     p.add_argument("--eval-seqlen", type=int, default=None)
     p.add_argument("--max-windows", type=int, default=None)
     p.add_argument("--limit", type=int, default=None, help="items per task")
     p.add_argument("--results-dir", type=Path, default=None)
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
     p.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, in worker processes sharing the CPU threads")
     p.set_defaults(handler=run_compare)
@@ -50,8 +53,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.eval:
         parts = [p for p in args.eval.split(",") if p]
-        out["calibration"] = "calibration" in parts
-        out["tasks"] = [p for p in parts if p not in {"ppl", "calibration"}]
+        # "calibration" is the old name of "confidence"; both switch the metrics on.
+        out["confidence"] = bool({"confidence", "calibration"} & set(parts))
+        out["tasks"] = [p for p in parts if p not in {"ppl", "confidence", "calibration"}]
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -64,7 +68,8 @@ def run_compare(args: argparse.Namespace) -> int:
     spec = (load_grid_config(args.config, overrides) if args.config
             else grid_from_dict(overrides))
     results_root = (args.results_dir or results_dir()) / spec.name
-    runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs)
+    runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs,
+                        device=args.device)
     runner.run()
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")

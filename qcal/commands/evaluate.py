@@ -13,7 +13,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "eval", help="evaluate a float model or a qcal checkpoint",
         description="Perplexity on held-out text (the default), lm-eval tasks (--tasks), "
-                    "confidence calibration (--calibration) and drift from a float base (--base).")
+                    "confidence calibration (--confidence) and drift from a float base (--base).")
     p.add_argument("--model", default=None, help="model dir or checkpoint (default: embedded)")
     p.add_argument("--base", default=None,
                    help="float model the checkpoint came from: adds KL/JS, metric deltas, flips")
@@ -33,10 +33,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N items per task")
     p.add_argument("--num-fewshot", type=int, default=None)
     p.add_argument("--task-batch-size", type=int, default=16)
-    p.add_argument("--calibration", action="store_true",
+    p.add_argument("--confidence", "--calibration", dest="confidence", action="store_true",
                    help="confidence metrics (ECE, Brier, NLL, ...) and a reliability diagram")
     p.add_argument("--ece-bins", type=int, default=15)
     p.add_argument("--list-tasks", action="store_true", help="list the local tasks and exit")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: CUDA "
+                   "when present)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model directory's own Python code to run (off by default)")
     p.add_argument("-o", "--output", type=Path, default=None,
@@ -72,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = EvalConfig(seqlen=args.seqlen, stride=args.stride, batch_size=args.batch_size,
                      max_windows=args.max_windows, langs=langs, ppl=ppl, source=args.source,
                      tasks=tasks, limit=args.limit, num_fewshot=args.num_fewshot,
-                     task_batch_size=args.task_batch_size, calibration=args.calibration,
+                     task_batch_size=args.task_batch_size, confidence=args.confidence,
                      ece_bins=args.ece_bins)
     outcome = run_evaluation(args.model, cfg, base=args.base, text_file=args.text,
                              include_paths=args.include_path,
-                             trust_remote_code=args.trust_remote_code)
+                             trust_remote_code=args.trust_remote_code, device=args.device)
     from qcal.errors import NumericalError
     from qcal.eval.job import non_finite_metrics
 

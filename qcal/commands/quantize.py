@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from qcal.config import AWQConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.config import AWQConfig, QuantScheme
 
 
 def add_parser(sub: Any) -> None:
@@ -34,7 +34,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--nsamples", type=int, default=128)
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:N or auto (default: CUDA when present); layers visit it "
+                        "one at a time")
     p.add_argument("--resume", action="store_true", help="continue after the last finished layer")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output that qcal did not write (or start over "
@@ -43,64 +45,105 @@ def add_parser(sub: Any) -> None:
                    help="keep <output>.work (per-layer resume state) after a successful run")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model directory's own Python code to run (off by default)")
+    p.add_argument("--eval", action="store_true",
+                   help="afterwards, print float vs quantized perplexity on held-out text")
+    p.add_argument("--eval-langs", default="en", help="with --eval: languages (e.g. en,de)")
+    p.add_argument("--eval-windows", type=int, default=16,
+                   help="with --eval: windows of --seqlen tokens per language")
     p.add_argument("-o", "--output", type=Path, default=None, help="checkpoint directory")
     p.set_defaults(handler=run)
 
 
+# Method-specific flags: (method, config field, default). A flag given for another
+# method is an error rather than silently ignored.
+METHOD_FLAGS = {
+    "desc_act": ("gptq", "desc_act", False), "static_groups": ("gptq", "static_groups", False),
+    "damp": ("gptq", "damp_percent", 0.01), "mse_clip": ("gptq", "mse_clip", False),
+    "no_clip": ("awq", "clip_search", False),
+}
+
+
 def make_config(args: argparse.Namespace) -> Any:
+    from qcal.errors import ConfigError
+    from qcal.recipe import method_config
+
     scheme = QuantScheme(bits=args.bits, group_size=args.group_size, sym=args.sym,
                          strict_groups=args.strict_groups)
-    if args.method == "gptq":
-        return GPTQConfig(scheme=scheme, damp_percent=args.damp, desc_act=args.desc_act,
-                          static_groups=args.static_groups, mse_clip=args.mse_clip)
-    if args.method == "awq":
-        return AWQConfig(scheme=scheme, clip_search=not args.no_clip)
-    return RTNConfig(scheme=scheme)
+    options: dict[str, Any] = {}
+    for flag, (method, field, default) in METHOD_FLAGS.items():
+        value = getattr(args, flag)
+        if value == default:
+            continue
+        if method != args.method:
+            raise ConfigError(f"--{flag.replace('_', '-')} is a {method} option; drop it or use "
+                              f"--method {method}")
+        options[field] = (not value) if flag == "no_clip" else value
+    return method_config(args.method, scheme, **options)
 
 
-def run(args: argparse.Namespace) -> int:
+def make_recipe(args: argparse.Namespace) -> Any:
+    """The command line as a QuantRecipe (the one currency from CLI to checkpoint)."""
+    from qcal.config import CalibConfig, EvalConfig
     from qcal.errors import ConfigError
-    from qcal.methods import METHODS, RunOptions
-    from qcal.model.loading import load_tokenizer, resolve_model_dir
-    from qcal.pipeline import OutputPolicy, default_output_dir, guarded_output, quantize_model_dir
+    from qcal.methods import METHODS
+    from qcal.recipe import QuantRecipe
 
-    if args.awq_artifact is not None:
-        return _replay_awq(args)
     method = METHODS.get(args.method)
     if not method.needs_calibration and args.selector is not None:
         raise ConfigError(f"--selector chooses calibration data, which --method {args.method} "
                           "does not use; drop --selector or use --method gptq/awq")
-    config = make_config(args)
-    model_dir = resolve_model_dir(args.model, args.trust_remote_code)
-    out = args.output or default_output_dir(args.model, args.method, config.scheme)
-    policy = OutputPolicy(args.overwrite, args.resume, args.keep_work)
-    expected = _expected_bytes(model_dir, method.needs_calibration)
-    args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command with "
-                           "--resume to continue") if method.needs_calibration else None
-    with guarded_output(out, model_dir, policy, expected) as work:
-        calib_ids, manifest = None, None
-        if method.needs_calibration:
-            from qcal.calib import resolve_calib
+    calib = (CalibConfig(selector=args.selector or "random", source=args.calib,
+                         nsamples=args.nsamples, seqlen=args.seqlen, seed=args.seed)
+             if method.needs_calibration else None)
+    evaluation = None
+    if args.eval:
+        langs = tuple(x.strip() for x in args.eval_langs.split(",") if x.strip())
+        evaluation = EvalConfig(langs=langs, max_windows=args.eval_windows, seqlen=args.seqlen)
+    return QuantRecipe(method=make_config(args), calib=calib, model=args.model,
+                       output=str(args.output) if args.output else None, device=args.device,
+                       trust_remote_code=args.trust_remote_code, eval=evaluation)
 
-            tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
-            _warn_long_seqlen(model_dir, args.seqlen)
-            calib = resolve_calib(args.calib, tokenizer, nsamples=args.nsamples,
-                                  seqlen=args.seqlen, seed=args.seed,
-                                  selector=args.selector or "random")
-            calib_ids, manifest = calib.input_ids, calib.manifest
-        opts = RunOptions(device=args.device, work_dir=work, resume=args.resume)
-        log = quantize_model_dir(model_dir, args.method, config, out, calib_ids, manifest, opts,
-                                 trust_remote_code=args.trust_remote_code)
-    print(json.dumps({"output": str(out), "method": args.method,
-                      "quantize_seconds": log["quantize_seconds"]}, indent=2))
+
+def run(args: argparse.Namespace) -> int:
+    from qcal.model.loading import resolve_model_dir
+    from qcal.pipeline import OutputPolicy
+    from qcal.recipe import run_recipe
+
+    if args.awq_artifact is not None:
+        return _replay_awq(args)
+    recipe = make_recipe(args)
+    if recipe.uses_calibration():
+        model_dir = resolve_model_dir(args.model, args.trust_remote_code)
+        _warn_long_seqlen(model_dir, args.seqlen)
+        from qcal.pipeline import default_output_dir
+
+        out = args.output or default_output_dir(args.model, recipe.method_name, recipe.scheme)
+        args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command "
+                               "with --resume to continue")
+    outcome = run_recipe(recipe, policy=OutputPolicy(args.overwrite, args.resume, args.keep_work))
+    summary: dict[str, Any] = {"output": str(outcome.output), "method": recipe.method_name,
+                               "quantize_seconds": outcome.log["quantize_seconds"]}
+    if outcome.evaluation is not None:
+        summary["perplexity"] = _float_vs_quantized(outcome, recipe)
+    print(json.dumps(summary, indent=2))
     return 0
 
 
-def _expected_bytes(model_dir: Path, calibrated: bool) -> int:
-    """Disk the run needs: the checkpoint (at most the float files) plus, for layer-wise
-    methods, per-layer resume state of about the same size."""
-    floats = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    return floats * (2 if calibrated else 1)
+def _float_vs_quantized(outcome: Any, recipe: Any) -> dict[str, Any]:
+    """Perplexity of the checkpoint next to the float model's on the same windows."""
+    import dataclasses
+
+    from qcal.eval.job import run_evaluation
+
+    base = run_evaluation(recipe.model, dataclasses.replace(recipe.eval), progress=False,
+                          device=recipe.device, trust_remote_code=recipe.trust_remote_code)
+    quant = outcome.evaluation.data["perplexity"]["model"]
+    table = {}
+    for lang, row in quant.items():
+        ref = base.data["perplexity"]["model"][lang]
+        table[lang] = {"float": round(ref["ppl"], 3), "quantized": round(row["ppl"], 3),
+                       "tokens": row["tokens"], "windows": row["windows"]}
+    return table
 
 
 def _warn_long_seqlen(model_dir: Path, seqlen: int) -> None:
@@ -134,7 +177,8 @@ def _replay_awq(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model, args.trust_remote_code)
     out = args.output or default_output_dir(args.model, "awq", scheme)
     policy = OutputPolicy(args.overwrite, False, False)
-    with guarded_output(out, model_dir, policy, _expected_bytes(model_dir, False)):
+    floats = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    with guarded_output(out, model_dir, policy, floats):
         meta = replay_awq_model_dir(model_dir, args.awq_artifact, out, args.trust_remote_code)
     print(json.dumps({"output": str(out), "method": "awq", "awq_artifact": meta["awq_artifact"],
                       "quantize_seconds": meta["quantize_seconds"]}, indent=2))

@@ -144,7 +144,7 @@ def _calibration(cfg: EvalConfig, items: dict[str, dict[str, list[ItemRecord]]],
 def run_evaluation(
     model: str | Path | None, cfg: EvalConfig, base: str | Path | None = None,
     text_file: Path | None = None, include_paths: Sequence[Path | str] = (), progress: bool = True,
-    trust_remote_code: bool = False,
+    trust_remote_code: bool = False, device: str = "auto",
 ) -> EvalOutcome:
     """Measure `model` (float dir or qcal checkpoint), and its drift from `base` if given."""
     from qcal.model.loading import load_model, resolve_model_dir
@@ -158,14 +158,19 @@ def run_evaluation(
     texts = _texts(cfg, text_file) if cfg.ppl else {}
     model_dir = resolve_model_dir(model, trust_remote_code)
     base_dir = resolve_model_dir(base, trust_remote_code) if base is not None else None
+    from qcal.devices import resolve_device
+
+    device = resolve_device(device)
     net, tok, _ = load_model(model_dir, trust_remote_code=trust_remote_code)
-    base_net = (load_model(base_dir, trust_remote_code=trust_remote_code)[0]
+    net.to(device)
+    base_net = (load_model(base_dir, trust_remote_code=trust_remote_code)[0].to(device)
                 if base_dir is not None else None)
 
     data: dict[str, Any] = {
         "model": describe_model(model_dir),
         "base": describe_model(base_dir) if base_dir is not None else None,
-        "settings": {**to_dict(cfg), "text_file": str(text_file) if text_file else None,
+        "settings": {**to_dict(cfg), "device": device,
+                     "text_file": str(text_file) if text_file else None,
                      "include_paths": [str(p) for p in include_paths]},
     }
     token_nll: dict[str, torch.Tensor] = {}
@@ -194,7 +199,7 @@ def run_evaluation(
                     if "stderr" not in k and k != "sample_len"}
                 for t in lm_metrics["model"]
             }
-        if cfg.calibration or base_net is not None:
+        if cfg.confidence or base_net is not None:
             if not items.get("model"):
                 raise ConfigError(f"none of {tasks} is a multiple-choice task; confidence "
                                   "metrics need per-choice log-likelihoods")

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import shutil
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -28,9 +27,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from qcal.cache import StepCache
+from qcal.devices import resolve_device
 from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_text, clean_stale_tree, exclusive_lock
-from qcal.grid.spec import Cell, GridSpec, calib_recipe_key, method_config, plan_cells
+from qcal.grid.spec import Cell, GridSpec, grid_from_dict, plan_cells
 from qcal.results import provenance
 
 
@@ -38,12 +39,14 @@ class GridRunner:
     """Runs a grid under `results_root` (tables) and `work_root` (calib sets, checkpoints)."""
 
     def __init__(self, spec: GridSpec, results_root: Path, work_root: Path,
-                 progress: bool = True, jobs: int = 1) -> None:
+                 progress: bool = True, jobs: int = 1, device: str = "auto") -> None:
         if jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {jobs}")
         self.spec, self.progress, self.jobs = spec, progress, jobs
+        self.device = resolve_device(device)
         self.results_root, self.work_root = Path(results_root), Path(work_root)
         self.cells_dir = self.results_root / "cells"
+        self.cache = StepCache(self.work_root)
 
     def cell_path(self, cell: Cell) -> Path:
         return self.cells_dir / f"{cell.key}.json"
@@ -61,8 +64,9 @@ class GridRunner:
         spec_file = self.results_root / "grid.json"
         current = dataclasses.asdict(self.spec)
         if spec_file.is_file():
-            saved = json.loads(spec_file.read_text())["spec"]
-            if saved != json.loads(json.dumps(current)):
+            # Compared as specs, so a field added since (with its default) or renamed is no change.
+            saved = grid_from_dict(json.loads(spec_file.read_text())["spec"])
+            if saved != self.spec:
                 raise ConfigError(
                     f"{self.results_root} holds a different grid; choose another --name "
                     "or delete that directory"
@@ -70,65 +74,52 @@ class GridRunner:
             return
         atomic_write_text(spec_file, json.dumps({"spec": current}, indent=2))
 
-    def calib_for(self, selector: str) -> tuple[Any, dict[str, Any]]:
-        from qcal.calib import resolve_calib
-        from qcal.calib.io import load_calib_set, save_calib_set
+    def prepare_calibration(self, selector: str) -> Any:
+        """Build (or reuse from the step cache) the calibration set of `selector`."""
         from qcal.model.loading import load_tokenizer, resolve_model_dir
+        from qcal.recipe import calibration_step
 
+        recipe = self.spec.recipe(Cell(selector, "gptq"), self.work_root / "unused", self.device)
         model_dir = resolve_model_dir(self.spec.model)
-        tok = load_tokenizer(model_dir)
-        key = calib_recipe_key(self.spec, selector, str(model_dir))
-        path = self.work_root / "calib" / key
-        if (path / "manifest.json").is_file():
-            calib = load_calib_set(path)
-        else:
-            calib = resolve_calib(self.spec.source, tok, self.spec.nsamples, self.spec.seqlen,
-                                  self.spec.seed, selector=selector)
-            save_calib_set(calib, path)
-        return calib, {**calib.manifest, "cache_path": str(path)}
+        return calibration_step(recipe, load_tokenizer(model_dir), model_dir, self.cache,
+                                resolve_device(self.device))
 
     def run_cell(self, cell: Cell) -> dict[str, Any]:
         from qcal.eval.job import run_evaluation
-        from qcal.methods import RunOptions
         from qcal.model.loading import resolve_model_dir
-        from qcal.model.sequential import ResumeStateError
-        from qcal.pipeline import quantize_model_dir
 
-        model_dir = resolve_model_dir(self.spec.model)
         record: dict[str, Any] = {"cell": cell.key, "selector": cell.selector,
                                   "method": cell.method}
-        target = model_dir
+        target = resolve_model_dir(self.spec.model)
         if cell.method is not None:
-            ckpt = self.work_root / "ckpt" / cell.key
-            if not (ckpt / "quant_log.json").is_file():
-                ids, manifest = None, None
-                if cell.selector is not None:
-                    calib, manifest = self.calib_for(cell.selector)
-                    ids = calib.input_ids
-                work = Path(str(ckpt) + ".work")
-                opts = RunOptions(progress=self.progress, work_dir=work, resume=True)
-                config = method_config(cell.method, self.spec)
-                try:
-                    quantize_model_dir(model_dir, cell.method, config, ckpt, ids, manifest, opts)
-                except ResumeStateError as err:
-                    # The grid owns this state: a damaged file costs a restart, never a stuck grid.
-                    print(f"qcal compare: {cell.key}: {err}; starting this cell over",
-                          file=sys.stderr)
-                    shutil.rmtree(work, ignore_errors=True)
-                    opts = dataclasses.replace(opts, resume=False)
-                    quantize_model_dir(model_dir, cell.method, config, ckpt, ids, manifest, opts)
-                shutil.rmtree(work, ignore_errors=True)
-            log = json.loads((ckpt / "quant_log.json").read_text())
+            target = self.work_root / "ckpt" / cell.key
+            log = self._quantize(self.spec.recipe(cell, target, self.device))
             record["quantize_seconds"] = log.get("quantize_seconds")
             record["calibration"] = log.get("calibration")
-            target = ckpt
         text_file = Path(self.spec.eval_text_file) if self.spec.eval_text_file else None
         outcome = run_evaluation(target, self.spec.eval_config(), text_file=text_file,
-                                 progress=self.progress)
+                                 progress=self.progress, device=self.device)
         record["eval"] = outcome.data
         record["items"] = {task: [dataclasses.asdict(it) for it in its]
                            for task, its in outcome.items.get("model", {}).items()}
         return record
+
+    def _quantize(self, recipe: Any) -> dict[str, Any]:
+        """The cell's checkpoint through `run_recipe`: reused when this exact recipe made it,
+        resumed after a kill, restarted when its resume state is damaged."""
+        from qcal.model.sequential import ResumeStateError
+        from qcal.pipeline import OutputPolicy
+        from qcal.recipe import run_recipe
+
+        try:
+            return run_recipe(recipe, cache=self.cache, policy=OutputPolicy(resume=True),
+                              reuse=True, progress=self.progress).log
+        except ResumeStateError as err:
+            # The grid owns this state: a damaged file costs a restart, never a stuck grid.
+            print(f"qcal compare: {Path(str(recipe.output)).name}: {err}; starting this cell over",
+                  file=sys.stderr)
+            return run_recipe(recipe, cache=self.cache, policy=OutputPolicy(overwrite=True),
+                              progress=self.progress).log
 
     def run(self) -> dict[str, Any]:
         """Run every pending cell; returns {cell key: record} for the whole grid.
@@ -172,12 +163,13 @@ class GridRunner:
 
     def _run_parallel(self, todo: list[Cell], bar: Any) -> None:
         for selector in sorted({c.selector for c in todo if c.selector is not None}):
-            self.calib_for(selector)  # build every calibration set once, here
+            self.prepare_calibration(selector)  # build every calibration set once, here
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
         ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
         with ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx) as pool:
             running = {pool.submit(_run_cell_in_worker, self.spec, self.results_root,
-                                   self.work_root, cell, threads): cell for cell in todo}
+                                   self.work_root, cell, threads, self.device): cell
+                       for cell in todo}
             try:
                 while running:
                     bar.set_postfix_str(",".join(sorted(c.key for c in running.values())))
@@ -192,11 +184,11 @@ class GridRunner:
 
 
 def _run_cell_in_worker(spec: GridSpec, results_root: Path, work_root: Path, cell: Cell,
-                        threads: int) -> dict[str, Any]:
+                        threads: int, device: str) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(threads)
-    return GridRunner(spec, results_root, work_root, progress=False).run_cell(cell)
+    return GridRunner(spec, results_root, work_root, progress=False, device=device).run_cell(cell)
 
 
 def load_cells(results_root: Path) -> dict[str, dict[str, Any]]:

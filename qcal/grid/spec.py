@@ -4,16 +4,17 @@ its cells, and the cache keys of their inputs. No computation here."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from qcal.config import AWQConfig, EvalConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.config import CalibConfig, EvalConfig, QuantScheme
 from qcal.errors import ConfigError
 from qcal.fsio import plain_name
+
+if TYPE_CHECKING:
+    from qcal.recipe import QuantRecipe
 
 FLOAT_CELL = "float"
 
@@ -30,6 +31,9 @@ class GridSpec:
     group_size: int = 128
     sym: bool = False
     desc_act: bool = False  # GPTQ act-order; ignored by the other methods
+    # Further config fields per method, e.g. {"gptq": {"damp_percent": 0.02}}: every field
+    # of the method's config can be set, and an unknown one is an error.
+    method_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
     source: str = "debian-handbook"
     nsamples: int = 128
     seqlen: int = 512
@@ -38,7 +42,7 @@ class GridSpec:
     eval_seqlen: int = 512
     max_windows: int | None = None
     tasks: tuple[str, ...] = ()
-    calibration: bool = False
+    confidence: bool = False  # confidence metrics on the tasks (not the calibration set)
     limit: int | None = None
     eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
 
@@ -50,8 +54,14 @@ class GridSpec:
 
         for m in self.methods:
             METHODS.get(m)  # an unknown method's error lists the known ones
-        if self.calibration and not self.tasks:
-            raise ConfigError("calibration metrics need multiple-choice --tasks")
+        for m in self.method_options:
+            if m not in self.methods:
+                raise ConfigError(f"method_options names {m!r}, which is not in methods "
+                                  f"{list(self.methods)}")
+        for m in self.methods:
+            self.method_config(m)  # unknown option names fail here, before any cell runs
+        if self.confidence and not self.tasks:
+            raise ConfigError("confidence metrics need multiple-choice --tasks")
 
     @property
     def scheme(self) -> QuantScheme:
@@ -59,8 +69,31 @@ class GridSpec:
 
     def eval_config(self) -> EvalConfig:
         return EvalConfig(seqlen=self.eval_seqlen, max_windows=self.max_windows,
-                          langs=self.eval_langs, tasks=self.tasks, calibration=self.calibration,
+                          langs=self.eval_langs, tasks=self.tasks, confidence=self.confidence,
                           limit=self.limit)
+
+    def method_config(self, method: str) -> Any:
+        """`method`'s config for this grid: the scheme, act-order for GPTQ, method_options."""
+        from qcal.recipe import method_config
+
+        options = dict(self.method_options.get(method, {}))
+        if method == "gptq":
+            options.setdefault("desc_act", self.desc_act)
+        return method_config(method, self.scheme, **options)
+
+    def calib_config(self, selector: str) -> CalibConfig:
+        return CalibConfig(selector=selector, source=self.source, nsamples=self.nsamples,
+                           seqlen=self.seqlen, seed=self.seed)
+
+    def recipe(self, cell: Cell, output: Path | str, device: str = "auto") -> QuantRecipe:
+        """The recipe that makes `cell`'s checkpoint (the float cell has none)."""
+        from qcal.recipe import QuantRecipe
+
+        if cell.method is None:
+            raise ConfigError("the float cell quantizes nothing; it has no recipe")
+        calib = self.calib_config(cell.selector) if cell.selector is not None else None
+        return QuantRecipe(method=self.method_config(cell.method), calib=calib, model=self.model,
+                           output=str(output), device=device)
 
 
 def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> GridSpec:
@@ -73,7 +106,12 @@ def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> Gri
     return grid_from_dict(raw)
 
 
+# Renamed fields: old grid files (and grid.json of finished grids) still load.
+RENAMED_FIELDS = {"calibration": "confidence"}
+
+
 def grid_from_dict(raw: dict[str, Any]) -> GridSpec:
+    raw = {RENAMED_FIELDS.get(k, k): v for k, v in raw.items()}
     fields = {f.name for f in dataclasses.fields(GridSpec)}
     unknown = set(raw) - fields
     if unknown:
@@ -82,6 +120,12 @@ def grid_from_dict(raw: dict[str, Any]) -> GridSpec:
     for key, value in raw.items():
         if key in {"selectors", "methods", "eval_langs", "tasks"} and isinstance(value, str):
             value = [v for v in value.split(",") if v]
+        if key == "method_options":
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise ConfigError("method_options must map a method to its fields, e.g. "
+                                  "{gptq: {damp_percent: 0.02}}")
+            clean[key] = {m: dict(v) for m, v in value.items()}
+            continue
         clean[key] = tuple(value) if isinstance(value, list) else value
     return GridSpec(**clean)
 
@@ -112,17 +156,3 @@ def plan_cells(spec: GridSpec) -> list[Cell]:
             continue
         cells.extend(Cell(sel, method) for sel in spec.selectors)
     return cells
-
-
-def method_config(method: str, spec: GridSpec) -> Any:
-    if method == "gptq":
-        return GPTQConfig(scheme=spec.scheme, desc_act=spec.desc_act)
-    return {"rtn": RTNConfig, "awq": AWQConfig}[method](scheme=spec.scheme)
-
-
-def calib_recipe_key(spec: GridSpec, selector: str, tokenizer_name: str) -> str:
-    recipe = json.dumps([selector, spec.source, spec.nsamples, spec.seqlen, spec.seed,
-                         tokenizer_name], sort_keys=True)
-    return f"{safe_name(selector)}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
-
-

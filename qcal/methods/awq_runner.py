@@ -23,7 +23,6 @@ yields the same quantized weights.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 from collections.abc import Mapping
@@ -35,13 +34,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict, to_json
+from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict
 from qcal.errors import CheckpointError, ConfigError
 from qcal.fsio import atomic_write_bytes
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
-from qcal.model.sequential import layer_linear, sequential_quantize
+from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
 from qcal.quant.base import rtn_quantize
@@ -218,9 +217,7 @@ def search_layer(layer: nn.Module, spec: ArchSpec, inputs: LayerInputs, cfg: AWQ
 
 
 def _fingerprint(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor) -> str:
-    digest = hashlib.sha1(calib.cpu().numpy().tobytes()).hexdigest()[:16]
-    name = getattr(getattr(model, "config", None), "_name_or_path", type(model).__name__)
-    return f"awq|{name}|{to_json(cfg)}|{tuple(calib.shape)}|{digest}"
+    return resume_fingerprint("awq", model, cfg, calib, True)
 
 
 def _entry_path(work_dir: Path, index: int) -> Path:

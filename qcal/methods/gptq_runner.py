@@ -9,20 +9,18 @@ quantized layer to make the next layer's inputs.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 import torch
 from torch import nn
 
-from qcal.config import GPTQConfig, to_json
+from qcal.config import GPTQConfig
 from qcal.errors import ConfigError
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, arch_for
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.offload import DiskWeights
-from qcal.model.sequential import layer_linear, sequential_quantize
+from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian
 
@@ -70,15 +68,7 @@ class HessianSink:
 
 def fingerprint(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor, packed: bool) -> str:
     """Identifies a run for --resume: same model, config and calibration ids."""
-    h = hashlib.sha256()
-    config = getattr(model, "config", None)
-    h.update(str(getattr(config, "_name_or_path", type(model).__name__)).encode())
-    if config is not None:
-        h.update(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
-    h.update(to_json(cfg).encode())
-    h.update(str(packed).encode())
-    h.update(calib.detach().cpu().to(torch.int64).numpy().tobytes())
-    return h.hexdigest()[:16]
+    return resume_fingerprint("gptq", model, cfg, calib, packed)
 
 
 def quantize_layer_gptq(

@@ -52,9 +52,13 @@ def capture_layer0_inputs(
     model: nn.Module, spec: ArchSpec, calib_ids: torch.Tensor, batch_size: int = 8,
     device: str | torch.device = "cpu", store_dtype: torch.dtype | None = None,
 ) -> LayerInputs:
-    """Inputs of decoder layer 0 for every calibration batch (kept on CPU)."""
+    """Inputs of decoder layer 0 for every calibration batch (kept on CPU).
+
+    Only the ArchSpec's prelude modules (embeddings, rotary tables) visit `device`, and
+    they return to where they were: the decoder layers never leave their home here."""
     layer0 = decoder_layers(model, spec)[0]
     captured = LayerInputs([], [])
+    prelude = prelude_on(model, spec, device)
 
     def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         hidden = args[0] if args else kwargs.pop("hidden_states")
@@ -70,7 +74,25 @@ def capture_layer0_inputs(
                 model(input_ids=batch, use_cache=False)
     finally:
         handle.remove()
+        for module, home in prelude:
+            module.to(home)
     return captured
+
+
+def prelude_on(model: nn.Module, spec: ArchSpec, device: str | torch.device
+               ) -> list[tuple[nn.Module, torch.device]]:
+    """Move the prelude modules to `device`; returns (module, previous device) to undo it."""
+    moved = []
+    for name in spec.prelude_modules:
+        try:
+            module = get_module(model, name)
+        except AttributeError:
+            continue
+        tensors = [*module.parameters(), *module.buffers()]
+        home = tensors[0].device if tensors else torch.device("cpu")
+        module.to(device)
+        moved.append((module, home))
+    return moved
 
 
 def _to_device(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from safetensors.torch import save
 from torch import nn
 from tqdm.auto import tqdm
 
+from qcal.cache import fingerprint
 from qcal.errors import CheckpointError, ConfigError
 from qcal.fsio import atomic_write_bytes, atomic_write_text
 from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
@@ -86,6 +87,17 @@ def _restore_layer(layer: nn.Module, path: Path) -> None:
         ) from None
 
 
+def resume_fingerprint(method: str, model: nn.Module, cfg: Any, calib: torch.Tensor,
+                       packed: bool) -> str:
+    """What a resumed run must share with the interrupted one: method, model config, method
+    config and calibration ids (qcal.cache's one fingerprint scheme)."""
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "_name_or_path", type(model).__name__))
+    model_config = config.to_dict() if config is not None else None
+    return fingerprint(method, name, model_config, cfg, calib.detach().cpu().to(torch.int64),
+                       packed)[:16]
+
+
 def read_progress(work_dir: Path) -> dict[str, Any] | None:
     """The saved progress of an interrupted run in `work_dir`, or None if there is none."""
     progress = work_dir / PROGRESS_FILE
@@ -108,7 +120,7 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str
     if state is None:
         return -1, None, {}
     if state.get("fingerprint") != fingerprint:
-        raise ConfigError(
+        raise ResumeStateError(
             f"{work_dir} holds progress of a different run (model, method or calibration "
             "changed); drop --resume and pass --overwrite to start over"
         )

@@ -11,7 +11,6 @@ from qcal.cli import main
 from qcal.errors import ConfigError
 from qcal.grid import GridRunner, GridSpec, plan_cells
 from qcal.grid import runner as compare
-from qcal.grid import spec as grid_spec
 from qcal.grid.report import render_report
 from qcal.model.tiny import stdlib_text
 
@@ -119,9 +118,9 @@ def test_cli_compare_with_config_file(tiny_model_dir: Path, texts, tmp_path: Pat
 
 def test_desc_act_reaches_gptq_config_only(tiny_model_dir: Path, texts) -> None:
     spec = spec_for(tiny_model_dir, texts, desc_act=True, methods=("rtn", "gptq", "awq"))
-    assert grid_spec.method_config("gptq", spec).desc_act is True
-    assert grid_spec.method_config("gptq", spec_for(tiny_model_dir, texts)).desc_act is False
-    assert not hasattr(grid_spec.method_config("rtn", spec), "desc_act")
+    assert spec.method_config("gptq").desc_act is True
+    assert spec_for(tiny_model_dir, texts).method_config("gptq").desc_act is False
+    assert not hasattr(spec.method_config("rtn"), "desc_act")
 
 
 def test_cli_desc_act_flag_sets_grid_field() -> None:
@@ -156,7 +155,7 @@ def test_jobs_must_be_positive(tiny_model_dir: Path, texts, tmp_path: Path) -> N
 def test_grid_with_task_and_calibration_reports_drift(tiny_model_dir: Path, texts,
                                                       tmp_path: Path) -> None:
     spec = spec_for(tiny_model_dir, texts, methods=("rtn",), tasks=("qcal_nextsent_en",),
-                    calibration=True, limit=6)
+                    confidence=True, limit=6)
     cells = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
     assert sorted(cells) == ["float", "none__rtn"]
     assert len(cells["none__rtn"]["items"]["qcal_nextsent_en"]) == 6

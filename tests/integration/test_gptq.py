@@ -13,12 +13,13 @@ from safetensors.torch import load_file, save_file
 
 from qcal.cli import main
 from qcal.config import GPTQConfig, QuantScheme
-from qcal.errors import CheckpointError, ConfigError
+from qcal.errors import CheckpointError
 from qcal.methods import RunOptions, gptq_runner
 from qcal.methods.gptq_runner import HessianSink, run_gptq
 from qcal.model.arch import arch_for, decoder_layers, get_module
 from qcal.model.capture import capture_layer0_inputs, feed_linear_inputs
 from qcal.model.loading import load_model
+from qcal.model.sequential import ResumeStateError
 from qcal.model.tiny import stdlib_text
 from qcal.packing.checkpoint import load_checkpoint
 from qcal.pipeline import quantize_model_dir
@@ -166,7 +167,7 @@ def test_resume_continues_after_interruption(tiny_model_dir: Path, calib: torch.
 
     other = GPTQConfig(QuantScheme(4, 32, sym=True))
     fresh, _, _ = load_model(tiny_model_dir)
-    with pytest.raises(ConfigError, match="different run"):
+    with pytest.raises(ResumeStateError, match="different run"):
         run_gptq(fresh, other, calib, opts)
 
 

@@ -4,10 +4,10 @@ qcal, and pyproject's package list names every package folder."""
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

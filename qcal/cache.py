@@ -1,0 +1,60 @@
+"""One fingerprint scheme and one step cache for everything qcal computes and reuses.
+
+`fingerprint(...)` hashes canonical JSON of configs (dataclasses), dicts, strings and
+numbers, and the bytes of tensors; every cache key and every resume check uses it.
+`StepCache` keeps finished steps (calibration sets, checkpoints, evaluations) under
+`<root>/<step>/<name>-<key>`; a step is reused only when its key, that is everything
+that determines its result, is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qcal.fsio import plain_name
+
+KEY_CHARS = 12
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"__type__": type(value).__name__,
+                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
+                   if f.compare}}
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes()
+                                if data.numel() else b"").hexdigest()
+        return {"__tensor__": [str(data.dtype), list(data.shape), digest]}
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def fingerprint(*parts: Any) -> str:
+    """Hex digest identifying `parts` (configs, dicts, tensors, strings): equal parts, equal key."""
+    text = json.dumps([_canonical(p) for p in parts], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class StepCache:
+    """Finished steps under `root`, addressed by (step, readable name, fingerprint key)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def path(self, step: str, name: str, key: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.") or "x"
+        return self.root / plain_name(step, "cache step") / f"{safe[:80]}-{key[:KEY_CHARS]}"

@@ -1,0 +1,188 @@
+"""`QuantRecipe`: the one description of a quantization job, from CLI to checkpoint.
+
+A recipe names the model, the method config (its type picks the method), the
+calibration config, the output, the device and whether remote code may run; the
+scheme and the calibration seed live in those configs. `run_recipe` goes
+calibration -> quantize -> save (-> evaluate). `qcal quantize` builds one recipe, a
+comparison grid expands into many (`GridSpec.recipes`), and benchmark scripts build
+them too, so the chain exists once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from qcal.cache import StepCache, fingerprint
+from qcal.config import AWQConfig, CalibConfig, EvalConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.config import from_dict as config_from_dict
+from qcal.config import to_dict as config_to_dict
+from qcal.errors import ConfigError
+
+MethodConfig = RTNConfig | GPTQConfig | AWQConfig
+METHOD_CONFIGS: dict[str, type] = {c.__name__: c for c in (RTNConfig, GPTQConfig, AWQConfig)}
+
+
+def method_config(method: str, scheme: QuantScheme, **options: Any) -> MethodConfig:
+    """The config of method `method` with `scheme` and `options` (its other fields, by name);
+    an unknown option is an error listing the fields, so nothing is silently dropped."""
+    from qcal.methods import METHODS
+
+    cls = METHODS.get(method).config_cls
+    return config_from_dict(cls, {"scheme": config_to_dict(scheme), **options})
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantRecipe:
+    """Everything that determines a quantized checkpoint (and, with `eval`, its numbers)."""
+
+    method: MethodConfig = GPTQConfig()
+    calib: CalibConfig | None = CalibConfig()
+    model: str | None = None
+    output: str | None = None
+    device: str = "auto"
+    trust_remote_code: bool = False
+    eval: EvalConfig | None = None
+
+    def __post_init__(self) -> None:
+        from qcal.methods import method_for_config
+
+        method = method_for_config(self.method)
+        if method.needs_calibration and self.calib is None:
+            raise ConfigError(f"method {method.name!r} needs calibration data; give the recipe a "
+                              "CalibConfig (--calib ...)")
+
+    @property
+    def method_name(self) -> str:
+        from qcal.methods import method_for_config
+
+        return method_for_config(self.method).name
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self.method.scheme
+
+    @property
+    def seed(self) -> int | None:
+        return self.calib.seed if self.calib is not None else None
+
+    def uses_calibration(self) -> bool:
+        from qcal.methods import method_for_config
+
+        return method_for_config(self.method).needs_calibration
+
+    def checkpoint_key(self, model_dir: Path | str) -> str:
+        """Fingerprint of what the checkpoint depends on (not output, device or eval)."""
+        calib = self.calib if self.uses_calibration() else None
+        return fingerprint("checkpoint", str(Path(model_dir).resolve()), self.method, calib)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": {"type": type(self.method).__name__, **config_to_dict(self.method)},
+                "calib": config_to_dict(self.calib) if self.calib is not None else None,
+                "model": self.model, "output": self.output, "device": self.device,
+                "trust_remote_code": self.trust_remote_code,
+                "eval": config_to_dict(self.eval) if self.eval is not None else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QuantRecipe:
+        raw = dict(data["method"])
+        kind = raw.pop("type", None)
+        if kind not in METHOD_CONFIGS:
+            raise ConfigError(f"recipe method type {kind!r} is unknown; known: "
+                              f"{sorted(METHOD_CONFIGS)}")
+        return cls(method=config_from_dict(METHOD_CONFIGS[kind], raw),
+                   calib=config_from_dict(CalibConfig, data["calib"]) if data.get("calib") else None,
+                   model=data.get("model"), output=data.get("output"),
+                   device=data.get("device", "auto"),
+                   trust_remote_code=bool(data.get("trust_remote_code", False)),
+                   eval=config_from_dict(EvalConfig, data["eval"]) if data.get("eval") else None)
+
+
+@dataclasses.dataclass
+class RecipeOutcome:
+    output: Path
+    log: dict[str, Any]  # quant_log.json of the checkpoint
+    evaluation: Any = None  # EvalOutcome when the recipe asked for one
+    reused: bool = False  # the checkpoint was already there for this exact recipe
+
+
+def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
+                     cache: StepCache | None = None, device: str = "cpu") -> Any:
+    """The recipe's calibration set: a saved set, a cached build, or a fresh build."""
+    from qcal.calib import resolve_calib
+    from qcal.calib.base import tokenizer_info
+    from qcal.calib.io import load_calib_set, save_calib_set
+
+    cfg = recipe.calib
+    assert cfg is not None
+    options = {"device": device} if cfg.selector.startswith(("perplexity", "ppl")) else {}
+    path = None
+    if cache is not None:
+        key = fingerprint("calib", cfg, tokenizer_info(tokenizer)["fingerprint"])
+        path = cache.path("calib", cfg.selector, key)
+        if (path / "manifest.json").is_file():
+            return load_calib_set(path)
+    calib = resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
+                          seed=cfg.seed, selector=cfg.selector, **options)
+    if path is not None:
+        save_calib_set(calib, path)
+    return calib
+
+
+def finished_checkpoint(out: Path, key: str) -> dict[str, Any] | None:
+    """quant_log.json of `out` when it is a finished checkpoint of the recipe with `key`."""
+    try:
+        log = json.loads((Path(out) / "quant_log.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return log if log.get("recipe_key") == key else None
+
+
+def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: Any = None,
+               reuse: bool = False, progress: bool = True) -> RecipeOutcome:
+    """Calibration -> quantize -> save (-> evaluate) for one recipe.
+
+    `policy` (OutputPolicy) says what may be replaced and whether to resume; `reuse`
+    keeps an existing checkpoint made by this exact recipe instead of recomputing it.
+    """
+    from qcal.devices import resolve_device
+    from qcal.methods import RunOptions
+    from qcal.model.loading import load_tokenizer, resolve_model_dir
+    from qcal.pipeline import OutputPolicy, default_output_dir, guarded_output, quantize_model_dir
+
+    policy = policy or OutputPolicy()
+    device = resolve_device(recipe.device)
+    model_dir = resolve_model_dir(recipe.model, recipe.trust_remote_code)
+    out = Path(recipe.output) if recipe.output else default_output_dir(
+        recipe.model, recipe.method_name, recipe.scheme)
+    key = recipe.checkpoint_key(model_dir)
+    log = finished_checkpoint(out, key) if reuse else None
+    reused = log is not None
+    if log is None:
+        with guarded_output(out, model_dir, policy, expected_bytes(model_dir, recipe)) as work:
+            calib_ids, manifest = None, None
+            if recipe.uses_calibration():
+                tokenizer = load_tokenizer(model_dir, recipe.trust_remote_code)
+                calib = calibration_step(recipe, tokenizer, model_dir, cache, device)
+                calib_ids, manifest = calib.input_ids, calib.manifest
+            opts = RunOptions(device=device, work_dir=work, resume=policy.resume,
+                              progress=progress)
+            log = quantize_model_dir(model_dir, recipe.method_name, recipe.method, out, calib_ids,
+                                     manifest, opts, trust_remote_code=recipe.trust_remote_code,
+                                     extra_log={"recipe": recipe.to_dict(), "recipe_key": key})
+    evaluation = None
+    if recipe.eval is not None:
+        from qcal.eval.job import run_evaluation
+
+        evaluation = run_evaluation(out, recipe.eval, progress=progress, device=device,
+                                    trust_remote_code=recipe.trust_remote_code)
+    return RecipeOutcome(out, log, evaluation, reused)
+
+
+def expected_bytes(model_dir: Path, recipe: QuantRecipe) -> int:
+    """Disk the run needs: the checkpoint (at most the float files) plus, for layer-wise
+    methods, per-layer resume state of about the same size."""
+    floats = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    return floats * (2 if recipe.uses_calibration() else 1)
