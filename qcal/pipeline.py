@@ -155,8 +155,6 @@ def quantize_model_dir(
         "source_model": str(src),
         "calibration": calib_manifest,
         "quantize_seconds": round(seconds, 2),
-        "damp_percent": getattr(config, "damp_percent", 0.01),
-        "static_groups": getattr(config, "static_groups", False),
     }
     log = {"losses": losses, **meta, **(extra_log or {})}
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str)}
@@ -165,8 +163,8 @@ def quantize_model_dir(
         # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.
         extra[f"artifacts/{AWQ_ARTIFACT}"] = artifact.read_bytes()
     # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
-    save_checkpoint(net, out_dir, tokenizer, desc_act=getattr(config, "desc_act", False),
-                    sym=config.scheme.sym, meta=meta, extra_files=extra)
+    save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
+                    fields=spec.checkpoint_fields(config), meta=meta, extra_files=extra)
     return log
 
 
@@ -192,7 +190,7 @@ def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
     meta = {"method": "awq", "config": to_dict(config), "source_model": str(src),
             "calibration": None, "awq_artifact": str(Path(artifact).resolve()),
             "quantize_seconds": round(time.perf_counter() - started, 2)}
-    save_checkpoint(net, out_dir, tokenizer, desc_act=False, sym=config.scheme.sym, meta=meta,
+    save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym, meta=meta,
                     extra_files={"quant_log.json": json.dumps(meta, indent=2, default=str)})
     return meta
 

@@ -121,4 +121,9 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
             for index, per_layer in logs.items() for name, loss in per_layer.items()}
 
 
-METHOD = QuantMethod("gptq", GPTQConfig, True, run_gptq)
+def checkpoint_fields(cfg: GPTQConfig) -> dict[str, Any]:
+    return {"desc_act": cfg.desc_act, "damp_percent": cfg.damp_percent,
+            "static_groups": cfg.static_groups, "true_sequential": cfg.true_sequential}
+
+
+METHOD = QuantMethod("gptq", GPTQConfig, True, run_gptq, checkpoint_fields)

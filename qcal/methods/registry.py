@@ -42,12 +42,19 @@ class RunOptions:
 RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]
 
 
+def no_format_fields(config: Any) -> dict[str, Any]:
+    return {}
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantMethod:
     name: str
     config_cls: type
     needs_calibration: bool
     run: RunFn
+    # The method's own quantization_config fields in the GPTQ checkpoint (e.g. desc_act):
+    # the pipeline writes them without knowing any method's settings.
+    checkpoint_fields: Callable[[Any], dict[str, Any]] = no_format_fields
 
 
 def new_method_registry() -> Registry[QuantMethod]:

@@ -55,25 +55,30 @@ def _state_for_disk(model: nn.Module, fmt: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def quantization_config(layer: QuantLinear, desc_act: bool, sym: bool, fmt: str,
-                        meta: dict[str, Any]) -> dict[str, Any]:
+# quantization_config fields loaders read besides bits/group_size/sym; a method's own
+# values (QuantMethod.checkpoint_fields) override these.
+DEFAULT_FORMAT_FIELDS = {"desc_act": False, "damp_percent": 0.01, "static_groups": False,
+                         "true_sequential": True}
+
+
+def quantization_config(layer: QuantLinear, sym: bool, fmt: str, meta: dict[str, Any],
+                        fields: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "quant_method": "gptq",
         "bits": layer.bits,
         "group_size": layer.group_size,
-        "desc_act": desc_act,
         "sym": sym,
         "checkpoint_format": fmt,
-        "true_sequential": True,
-        "damp_percent": meta.get("damp_percent", 0.01),
-        "static_groups": meta.get("static_groups", False),
+        **DEFAULT_FORMAT_FIELDS,
+        **(fields or {}),
         "meta": {"quantizer": ["qcal:0.1.0"], **meta},
     }
 
 
 def save_checkpoint(
-    model: nn.Module, out_dir: Path | str, tokenizer: Any = None, *, desc_act: bool, sym: bool,
-    meta: dict[str, Any] | None = None, extra_files: dict[str, str | bytes] | None = None,
+    model: nn.Module, out_dir: Path | str, tokenizer: Any = None, *, sym: bool,
+    fields: dict[str, Any] | None = None, meta: dict[str, Any] | None = None,
+    extra_files: dict[str, str | bytes] | None = None,
 ) -> Path:
     """Write a model whose quantized linears are `QuantLinear`s; atomic (temp dir + rename).
 
@@ -86,7 +91,7 @@ def save_checkpoint(
         raise CheckpointError("the model has no QuantLinear layers: quantize it before saving")
     first = next(iter(layers.values()))
     fmt = _zero_storage_format(model)
-    qcfg = quantization_config(first, desc_act, sym, fmt, meta or {})
+    qcfg = quantization_config(first, sym, fmt, meta or {}, fields)
 
     def fill(tmp: Path) -> None:
         save_file(_state_for_disk(model, fmt), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})

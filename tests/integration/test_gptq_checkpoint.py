@@ -29,7 +29,7 @@ def ids(tiny_model_dir: Path) -> torch.Tensor:
 
 
 def _round_trip(net: torch.nn.Module, tok, out: Path, ids: torch.Tensor, cfg: GPTQConfig):  # type: ignore[no-untyped-def]
-    save_checkpoint(net, out, tok, desc_act=cfg.desc_act, sym=cfg.scheme.sym)
+    save_checkpoint(net, out, tok, sym=cfg.scheme.sym, fields={"desc_act": cfg.desc_act})
     loaded = load_checkpoint(out)
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, net(input_ids=ids).logits,
