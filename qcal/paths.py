@@ -1,4 +1,10 @@
-"""Where qcal keeps provisioned models, data and results (overridable by environment)."""
+"""Where qcal keeps provisioned models, data, calibration sets, runs and results.
+
+Everything lives under one home: `$QCAL_HOME` if set, else the current directory (in a
+checkout of the repository, that is the repository), never inside the installed
+package. Each folder can be moved on its own with `QCAL_MODELS_DIR`, `QCAL_DATA_DIR`,
+`QCAL_CALIB_DIR`, `QCAL_RUNS_DIR` or `QCAL_RESULTS_DIR`.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +14,33 @@ from pathlib import Path
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+def qcal_home() -> Path:
+    return Path(os.environ.get("QCAL_HOME") or Path.cwd()).expanduser()
+
+
+def _folder(env: str, name: str) -> Path:
+    return Path(os.environ.get(env) or qcal_home() / name).expanduser()
 
 
 def models_dir() -> Path:
-    return Path(os.environ.get("QCAL_MODELS_DIR", repo_root() / "models"))
+    return _folder("QCAL_MODELS_DIR", "models")
 
 
 def default_model_dir() -> Path:
     return models_dir() / DEFAULT_MODEL_NAME
 
 
+def data_dir() -> Path:
+    return _folder("QCAL_DATA_DIR", "data")
+
+
+def calib_sets_dir() -> Path:
+    return _folder("QCAL_CALIB_DIR", "calib_sets")
+
+
 def results_dir() -> Path:
-    return Path(os.environ.get("QCAL_RESULTS_DIR", repo_root() / "results"))
+    return _folder("QCAL_RESULTS_DIR", "results")
 
 
 def runs_dir() -> Path:
-    return Path(os.environ.get("QCAL_RUNS_DIR", repo_root() / "runs"))
+    return _folder("QCAL_RUNS_DIR", "runs")

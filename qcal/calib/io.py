@@ -1,6 +1,6 @@
 """Saved calibration sets: ``<dir>/input_ids.safetensors`` + ``<dir>/manifest.json``.
 
-Sets live under ``calib_sets/`` at the repository root (``$QCAL_CALIB_DIR`` overrides)
+Sets live under ``calib_sets/`` in qcal's home (see `qcal.paths`; ``$QCAL_CALIB_DIR`` overrides)
 and are referred to by directory path or by name inside that folder. Saving is
 atomic (a temp sibling directory renamed into place); loading re-computes the
 digest, so a set whose ids were edited or truncated is refused.
@@ -9,7 +9,6 @@ digest, so a set whose ids were edited or truncated is refused.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +31,9 @@ def is_legacy_calib_set(path: Path) -> bool:
 
 
 def calib_sets_dir() -> Path:
-    from qcal.paths import repo_root
+    from qcal.paths import calib_sets_dir as home_calib_sets
 
-    return Path(os.environ.get("QCAL_CALIB_DIR", repo_root() / "calib_sets"))
+    return home_calib_sets()
 
 
 def is_calib_set(path: Path | str) -> bool:

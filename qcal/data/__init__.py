@@ -1,7 +1,8 @@
 """Offline text corpora for calibration and evaluation.
 
 Packaged corpora are built once by ``python scripts/provision_data.py`` under the data
-dir (``<repo>/data``, or ``$QCAL_DATA_DIR``) and then read without network:
+dir (``data/`` in qcal's home: ``$QCAL_HOME`` or the current directory; ``$QCAL_DATA_DIR``
+overrides) and then read without network:
 
 - ``debian-handbook``: "The Debian Administrator's Handbook" (Debian package), prose
   paragraphs per language, split into calib / eval by held-out chapters;

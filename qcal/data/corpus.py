@@ -1,6 +1,6 @@
 """Documents, on-disk layout and loading of the provisioned (packaged) corpora.
 
-Layout under the data dir (``<repo>/data`` unless ``QCAL_DATA_DIR`` is set)::
+Layout under the data dir (``data/`` in qcal's home, see `qcal.paths`)::
 
     corpora/<source>/<lang>.jsonl   one JSON object per document:
                                     {"doc_id", "lang", "split", "text", ...}
@@ -13,7 +13,6 @@ Layout under the data dir (``<repo>/data`` unless ``QCAL_DATA_DIR`` is set)::
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,12 +50,10 @@ class Document:
 
 
 def default_data_dir() -> Path:
-    """``$QCAL_DATA_DIR`` if set, else ``data/`` at the repository root."""
-    env = os.environ.get("QCAL_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    # qcal/data/corpus.py -> parents[2] is the directory holding the qcal package.
-    return Path(__file__).resolve().parents[2] / "data"
+    """``$QCAL_DATA_DIR`` if set, else ``data/`` in qcal's home (see `qcal.paths`)."""
+    from qcal.paths import data_dir
+
+    return data_dir()
 
 
 def corpus_dir(source: str, data_dir: str | Path | None = None) -> Path:

@@ -1,0 +1,7 @@
+"""`python -m qcal ...` (and `torchrun -m qcal ...`) runs the command line."""
+
+import sys
+
+from qcal.cli import main
+
+sys.exit(main())
