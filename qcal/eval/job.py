@@ -147,8 +147,10 @@ def run_evaluation(
     trust_remote_code: bool = False, device: str = "auto",
 ) -> EvalOutcome:
     """Measure `model` (float dir or qcal checkpoint), and its drift from `base` if given."""
+    from qcal.devices import resolve_device
     from qcal.model.loading import load_model, resolve_model_dir
 
+    device = resolve_device(device)  # a device that is not there fails before anything else
     tm, tasks = None, []
     if cfg.tasks:  # resolve tasks and check item files before any model loads
         from qcal.eval.harness import resolve_tasks, task_manager
@@ -158,9 +160,6 @@ def run_evaluation(
     texts = _texts(cfg, text_file) if cfg.ppl else {}
     model_dir = resolve_model_dir(model, trust_remote_code)
     base_dir = resolve_model_dir(base, trust_remote_code) if base is not None else None
-    from qcal.devices import resolve_device
-
-    device = resolve_device(device)
     net, tok, _ = load_model(model_dir, trust_remote_code=trust_remote_code)
     net.to(device)
     base_net = (load_model(base_dir, trust_remote_code=trust_remote_code)[0].to(device)
