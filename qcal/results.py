@@ -34,6 +34,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(), "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     try:
         import transformers
@@ -64,13 +65,54 @@ def provenance(command: str | None = None, **extra: Any) -> dict[str, Any]:
     }
 
 
+TIME_V_FIELDS = {
+    "wall_seconds": r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)",
+    "max_rss_kib": r"Maximum resident set size \(kbytes\): (\d+)",
+    "user_seconds": r"User time \(seconds\): ([\d.]+)",
+    "system_seconds": r"System time \(seconds\): ([\d.]+)",
+}
+
+
+def timed_command(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                  stdout: Any = None) -> dict[str, Any]:
+    """Run `cmd` under GNU `/usr/bin/time -v`: exit code, wall/user/system seconds, peak RSS
+    (MiB), the load average before and after, and the stderr tail when it failed. The one
+    parser of `time -v` output for every benchmark script."""
+    import re
+
+    before = os.getloadavg()
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], env={**os.environ, **(env or {})},
+                          cwd=cwd, stdout=stdout if stdout is not None else subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    out: dict[str, Any] = {"returncode": proc.returncode,
+                           "load_before": [round(x, 2) for x in before],
+                           "load_after": [round(x, 2) for x in os.getloadavg()]}
+    for key, pattern in TIME_V_FIELDS.items():
+        found = re.search(pattern, proc.stderr)
+        if not found:
+            out[key] = None
+        elif key == "wall_seconds":
+            seconds = 0.0
+            for part in found.group(1).split(":"):
+                seconds = seconds * 60 + float(part)
+            out[key] = round(seconds, 1)
+        else:
+            out[key] = float(found.group(1))
+    kib = out.pop("max_rss_kib")
+    out["max_rss_mib"] = round(kib / 1024, 1) if kib is not None else None
+    if proc.returncode != 0:
+        out["error_tail"] = ((proc.stdout or "") + proc.stderr)[-4000:]
+    return out
+
+
 def provenance_markdown(prov: dict[str, Any]) -> str:
     m = prov.get("machine", {})
     lines = [
         f"- Command: `{prov.get('command')}`",
         f"- Date: {prov.get('date')}, git commit {prov.get('git_commit')}",
         f"- Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}"
-        + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU"),
+        + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
+        + (f", load average {m['load_average']}" if m.get("load_average") else ""),
     ]
     for key, value in prov.items():
         if key not in {"command", "date", "git_commit", "machine"}:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,13 @@ from qcal.eval.perplexity import perplexity  # noqa: E402
 from qcal.methods.awq_runner import ARTIFACT_NAME, load_artifact  # noqa: E402
 from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
 from qcal.paths import results_dir, runs_dir  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.results import (  # noqa: E402
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    timed_command,
+    write_results,
+)
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -46,28 +50,15 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def parse_time_v(stderr: str) -> dict[str, float]:
-    """Wall seconds and peak RSS (MiB) from GNU time's -v report."""
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", stderr)
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)
-    if not wall or not rss:
-        raise RuntimeError(f"could not parse /usr/bin/time -v output:\n{stderr[-2000:]}")
-    seconds = 0.0
-    for part in wall.group(1).split(":"):
-        seconds = seconds * 60 + float(part)
-    return {"wall_s": round(seconds, 1), "peak_rss_mib": round(int(rss.group(1)) / 1024, 1)}
-
-
 def timed_cli(args: list[str], log: Path) -> dict[str, Any]:
-    cmd = ["/usr/bin/time", "-v", *command_prefix(), *args]
+    cmd = [*command_prefix(), *args]
     print("$", " ".join(cmd), flush=True)
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    fh_text = proc.stderr
-    log.with_suffix(".stderr").write_text(fh_text)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{fh_text[-3000:]}")
-    return {"command": "qcal " + " ".join(args), **parse_time_v(fh_text)}
+        run = timed_command(cmd, cwd=ROOT, stdout=fh)
+    if run["returncode"] != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({run['returncode']}):\n{run['error_tail']}")
+    return {"command": "qcal " + " ".join(args), "wall_s": run["wall_seconds"],
+            "peak_rss_mib": run["max_rss_mib"]}
 
 
 def artifact_summary(path: Path) -> dict[str, Any]:

@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,13 @@ from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
 from qcal.methods import METHODS, RunOptions
 from qcal.model.loading import load_model, resolve_model_dir
 from qcal.paths import results_dir
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.results import (
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    timed_command,
+    write_results,
+)
 
 VARIANTS: dict[str, tuple[str, Any]] = {
     "rtn-asym": ("rtn", RTNConfig(QuantScheme(4, 128, sym=False))),
@@ -57,18 +61,12 @@ def time_cli(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cmd = [*prefix, "quantize", "--method", "gptq", "--bits", "4",
            "--group-size", "128", "--calib", args.calib, "--nsamples", str(args.nsamples),
            "--seqlen", str(args.seqlen), "--seed", str(args.seed), "-o", str(out)]
-    timed = ["/usr/bin/time", "-v", *cmd]
-    print("$", shlex.join(timed), flush=True)
-    proc = subprocess.run(timed, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"qcal quantize failed:\n{proc.stderr[-3000:]}")
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", proc.stderr)
-    parts = [float(p) for p in wall.group(1).split(":")] if wall else []
-    seconds = sum(p * 60**i for i, p in enumerate(reversed(parts)))
+    print("$", shlex.join(cmd), flush=True)
+    run = timed_command(cmd)
+    if run["returncode"] != 0:
+        raise SystemExit(f"qcal quantize failed:\n{run['error_tail']}")
     return {"command": shlex.join(["qcal", *cmd[len(prefix):-2], "-o", "<dir>"]),
-            "max_rss_mib": int(rss.group(1)) / 1024 if rss else None,
-            "wall_seconds": round(seconds, 1)}
+            "max_rss_mib": run["max_rss_mib"], "wall_seconds": run["wall_seconds"]}
 
 
 def main() -> int:

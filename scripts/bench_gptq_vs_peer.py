@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -36,6 +34,7 @@ from qcal.results import (
     markdown_table,
     provenance,
     provenance_markdown,
+    timed_command,
     write_results,
 )
 
@@ -45,18 +44,8 @@ WORKER = Path(__file__).with_name("peer_gptqmodel_worker.py")
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `cmd` under /usr/bin/time -v; wall seconds, max RSS, and the failure if any."""
     print("$", shlex.join(cmd), flush=True)
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", proc.stderr)
-    parts = [float(p) for p in wall.group(1).split(":")] if wall else []
-    out: dict[str, Any] = {
-        "returncode": proc.returncode,
-        "wall_seconds": round(sum(p * 60**i for i, p in enumerate(reversed(parts))), 1),
-        "max_rss_mib": round(int(rss.group(1)) / 1024, 1) if rss else None,
-    }
-    if proc.returncode != 0:
-        out["error_tail"] = (proc.stdout + proc.stderr)[-4000:]
+    out = timed_command(cmd, env=env)
+    if out["returncode"] != 0:
         print(out["error_tail"], file=sys.stderr)
     return out
 

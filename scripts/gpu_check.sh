@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The one prepared GPU check: the GPU tests, then the GPU part of scripts/bench_kernels.py.
+# The one prepared GPU check, end to end: the Triton kernel tests against the torch
+# reference, the pipeline on CUDA (GPTQ and AWQ quantize with --device cuda and agree with
+# CPU-made checkpoints, eval through the Triton kernel equals the reference, a two-cell
+# comparison grid on the GPU: tests/gpu/test_pipeline_gpu.py), then the GPU part of
+# scripts/bench_kernels.py.
 #
-# Run from the repository root on a machine with a CUDA GPU, torch and triton installed
-# (no network, no installs: the repo is used in place through PYTHONPATH, and the GPU
-# code needs only torch, triton and pytest). Outputs go under $OUT (default /tmp/qcal-gpu):
+# Run from the repository root on a machine with a CUDA GPU, torch, triton, transformers,
+# tokenizers and safetensors installed (no network, no installs: the repo is used in place
+# through PYTHONPATH; the model is the tiny random Llama built from a config). Through the
+# device tool: run(command="bash scripts/gpu_check.sh", timeout_s=590); about 8 minutes.
+# Outputs go under $OUT (default /tmp/qcal-gpu):
 #   env.txt          GPU, driver, python/torch/triton versions
-#   gpu_tests.log    pytest -m gpu tests/gpu
+#   gpu_tests.log    pytest -m gpu tests/gpu (kernels + pipeline)
 #   bench.log        the benchmark's progress
 #   kernels.json/md  results/kernels.{json,md} with the GPU section added: copy them to results/
 # Exit status: 0 only if both the tests and the benchmark succeeded.
@@ -14,7 +20,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qcal-gpu}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# kernels/ installs as qcal_kernels; in place, a link named so makes it importable.
+mkdir -p "$OUT/pkgs" && ln -sfn "$PWD/kernels" "$OUT/pkgs/qcal_kernels"
+export PYTHONPATH="$PWD:$OUT/pkgs${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export QCAL_AUTOTUNE=1 HF_HUB_OFFLINE=1
 unset TRITON_INTERPRET QCAL_KERNEL
 
@@ -27,12 +35,12 @@ unset TRITON_INTERPRET QCAL_KERNEL
 cat "$OUT/env.txt"
 
 echo "== GPU tests"
-timeout 270 "$PY" -m pytest -q -m gpu tests/gpu --noconftest -p no:cacheprovider --maxfail=20 \
+timeout 330 "$PY" -m pytest -q -m gpu tests/gpu -p no:cacheprovider --maxfail=20 \
   2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 
 echo "== GPU benchmark"
-timeout 300 "$PY" scripts/bench_kernels.py --part gpu --out "$OUT/kernels" \
+timeout 200 "$PY" scripts/bench_kernels.py --part gpu --out "$OUT/kernels" \
   --merge results/kernels.json 2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 

@@ -11,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("QCAL_AUTOTUNE", "0")
+# The provisioned model and corpora live in the checkout, also for tests that chdir elsewhere.
+os.environ.setdefault("QCAL_HOME", str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(scope="session")

@@ -83,6 +83,8 @@ def home(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) 
     (x / "notes.txt").write_text("the user's own file\n")
     (x / "calib.txt").write_text("\n\n".join(stdlib_text()[:60]), encoding="utf-8")
     monkeypatch.setenv("QCAL_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("QCAL_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setenv("QCAL_CALIB_DIR", str(tmp_path / "calib_sets"))
     monkeypatch.chdir(tmp_path)
     return x
 
