@@ -127,7 +127,7 @@ def main() -> None:
         del model
         save_state(state_path, state)
 
-    search = artifact_summary(ROOT / (runs["awq"]["checkpoint"] + ".work") / ARTIFACT_NAME)
+    search = artifact_summary(ROOT / runs["awq"]["checkpoint"] / "artifacts" / ARTIFACT_NAME)
     threads = os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads()))
     prov = provenance(
         command="python scripts/bench_awq.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else ""),
@@ -158,7 +158,7 @@ def main() -> None:
         "shared with several other jobs (load average about 10) during the runs.",
         "Commands (checkpoints under runs/bench_awq/):\n\n" + "\n".join(
             f"- `{runs[m]['command']}`" for m in ("awq", "rtn", "gptq")),
-        "AWQ search (artifact `" + runs["awq"]["checkpoint"] + ".work/" + ARTIFACT_NAME + "`): "
+        "AWQ search (artifact `" + runs["awq"]["checkpoint"] + "/artifacts/" + ARTIFACT_NAME + "`): "
         "chosen ratio and block-output MSE reduction vs RTN (ratio 0), averaged over layers. "
         "v_proj -> o_proj is skipped (GQA: v_proj is 192 wide, o_proj's input 576).",
         markdown_table(["scale group (prev op)", "layers", "mean ratio", "mean loss reduction"],
