@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qcal.config import QuantScheme
 from qcal.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -20,9 +21,13 @@ def validate_grid(spec: GridSpec, trust_remote_code: bool = False) -> None:
     """Raise a one-line QcalError for the first thing in `spec` that cannot run."""
     from qcal.model.loading import resolve_model_dir
 
-    model_dir = resolve_model_dir(spec.model, trust_remote_code)
     _check_selectors(spec)
-    _check_scheme(spec, model_dir, trust_remote_code)
+    for model in spec.values("model"):
+        model_dir = resolve_model_dir(model, trust_remote_code)
+        for bits in spec.values("bits"):
+            for group in spec.values("group_size"):
+                scheme = QuantScheme(bits, group)
+                _check_scheme(scheme, model_dir, trust_remote_code)
     _check_eval(spec)
 
 
@@ -52,7 +57,7 @@ def _check_selectors(spec: GridSpec) -> None:
                                   f"{source} does not have; it has {sorted(have)}")
 
 
-def _check_scheme(spec: GridSpec, model_dir: Path, trust_remote_code: bool) -> None:
+def _check_scheme(scheme: QuantScheme, model_dir: Path, trust_remote_code: bool) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -64,7 +69,7 @@ def _check_scheme(spec: GridSpec, model_dir: Path, trust_remote_code: bool) -> N
         raise ConfigError(f"{model_dir} is already quantized; a grid starts from the float model")
     with torch.device("meta"):  # shapes only: no weights are read or allocated
         skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    validate_scheme(skeleton, spec.scheme)
+    validate_scheme(skeleton, scheme)
 
 
 def _check_eval(spec: GridSpec) -> None:

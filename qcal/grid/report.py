@@ -33,6 +33,11 @@ def ppl_table(cells: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, di
     return langs, table
 
 
+def float_key(record: dict[str, Any]) -> str:
+    """The float cell a cell is compared with (its own model's, in multi-model grids)."""
+    return record.get("float_cell") or FLOAT_CELL
+
+
 def item_probs(record: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     from qcal.eval.confidence import stack_probs
 
@@ -48,16 +53,17 @@ def confidence_rows(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     from qcal.eval.confidence import confidence_metrics
     from qcal.eval.drift import item_drift
 
-    if FLOAT_CELL not in cells:
-        return []
-    base = item_probs(cells[FLOAT_CELL])
+    floats = {k: item_probs(r) for k, r in cells.items() if r.get("method") is None}
     rows = []
     for key, rec in cells.items():
+        base = floats.get(float_key(rec))
+        if base is None:
+            continue
         for task, (probs, gold) in item_probs(rec).items():
             m = confidence_metrics(probs, gold)
             row = {"cell": key, "task": task, **{k: m[k] for k in ("acc", "conf_true", "ece",
                                                                     "brier", "nll")}}
-            if key != FLOAT_CELL and task in base and base[task][0].shape == probs.shape:
+            if rec.get("method") is not None and task in base and base[task][0].shape == probs.shape:
                 d = item_drift(base[task][0], probs, gold)
                 bm = confidence_metrics(*base[task])
                 row.update({"d_acc": m["acc"] - bm["acc"], "d_conf_true": d["delta_conf_true"],
@@ -68,6 +74,13 @@ def confidence_rows(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _change(row: dict[str, float], base: dict[str, float], lang: str) -> float:
+    """Perplexity change vs the float model in percent (NaN where either is missing)."""
+    if lang not in base or lang not in row:
+        return float("nan")
+    return 100 * (row[lang] / base[lang] - 1)
+
+
 def _heatmaps(cells: dict[str, dict[str, Any]], langs: list[str],
               table: dict[str, dict[str, float]], out_dir: Path) -> list[str]:
     import matplotlib
@@ -75,19 +88,20 @@ def _heatmaps(cells: dict[str, dict[str, Any]], langs: list[str],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    base = table.get(FLOAT_CELL, {})
     methods = sorted({rec.get("method") for rec in cells.values() if rec.get("selector")})
     written = []
     for method in methods:
-        keys = [k for k, r in cells.items() if r.get("method") == method and r.get("selector")]
-        if not keys or not base:
+        keys = [k for k, r in cells.items() if r.get("method") == method and r.get("selector")
+                and table.get(float_key(r))]
+        if not keys:
             continue
-        grid = np.array([[100 * (table[k].get(lang, np.nan) / base[lang] - 1)
-                          if lang in base else np.nan for lang in langs] for k in keys])
+        grid = np.array([[_change(table[k], table[float_key(cells[k])], lang) for lang in langs]
+                          for k in keys])
         fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(langs), 1.2 + 0.45 * len(keys)))
         im = ax.imshow(grid, cmap="RdYlGn_r", aspect="auto")
         ax.set_xticks(range(len(langs)), langs)
-        ax.set_yticks(range(len(keys)), [cells[k]["selector"] for k in keys])
+        ax.set_yticks(range(len(keys)), [k.removesuffix(f"__{method}").replace(f"__{method}__", " ")
+                                         for k in keys])
         for i in range(grid.shape[0]):
             for j in range(grid.shape[1]):
                 if np.isfinite(grid[i, j]):
@@ -149,16 +163,15 @@ def render_report(results_root: Path, title: str | None = None) -> dict[str, Any
     langs, table = ppl_table(cells)
     rows = confidence_rows(cells)
     plots = _heatmaps(cells, langs, table, results_root) + _drift_bars(rows, results_root)
-    base = table.get(FLOAT_CELL, {})
     ppl_rows = []
     for key, row in table.items():
         rec = cells[key]
         ppl_rows.append([key, rec.get("selector") or "-", rec.get("method") or "float",
                          *[row.get(lang, float("nan")) for lang in langs],
                          rec.get("quantize_seconds") or "-"])
-    delta_rows = [[key, *[100 * (table[key][lang] / base[lang] - 1)
-                          if lang in base and lang in table[key] else float("nan")
-                          for lang in langs]] for key in table if key != FLOAT_CELL and base]
+    delta_rows = [[key, *[_change(table[key], table[float_key(cells[key])], lang) for lang in langs]]
+                  for key in table if cells[key].get("method") is not None
+                  and table.get(float_key(cells[key]))]
     prov = provenance(command=f"qcal report {results_root}",
                       model=spec.get("model") or "default (SmolLM2-135M-Instruct)",
                       data=f"calibration from {spec['source']} (calib split), nsamples="

@@ -74,13 +74,13 @@ class GridRunner:
             return
         atomic_write_text(spec_file, json.dumps({"spec": current}, indent=2))
 
-    def prepare_calibration(self, selector: str) -> Any:
-        """Build (or reuse from the step cache) the calibration set of `selector`."""
+    def prepare_calibration(self, cell: Cell) -> Any:
+        """Build (or reuse from the step cache) the calibration set of a calibrated cell."""
         from qcal.model.loading import load_tokenizer, resolve_model_dir
         from qcal.recipe import calibration_step
 
-        recipe = self.spec.recipe(Cell(selector, "gptq"), self.work_root / "unused", self.device)
-        model_dir = resolve_model_dir(self.spec.model)
+        recipe = self.spec.recipe(cell, self.work_root / "unused", self.device)
+        model_dir = resolve_model_dir(recipe.model)
         return calibration_step(recipe, load_tokenizer(model_dir), model_dir, self.cache,
                                 resolve_device(self.device))
 
@@ -89,8 +89,9 @@ class GridRunner:
         from qcal.model.loading import resolve_model_dir
 
         record: dict[str, Any] = {"cell": cell.key, "selector": cell.selector,
-                                  "method": cell.method}
-        target = resolve_model_dir(self.spec.model)
+                                  "method": cell.method, "axes": dict(cell.axes),
+                                  "float_cell": self.spec.float_cell(cell).key}
+        target = resolve_model_dir(self.spec.setting(cell, "model"))
         if cell.method is not None:
             target = self.work_root / "ckpt" / cell.key
             log = self._quantize(self.spec.recipe(cell, target, self.device))
@@ -162,8 +163,9 @@ class GridRunner:
         atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
 
     def _run_parallel(self, todo: list[Cell], bar: Any) -> None:
-        for selector in sorted({c.selector for c in todo if c.selector is not None}):
-            self.prepare_calibration(selector)  # build every calibration set once, here
+        for cell in todo:  # build every calibration set once, here (the cache dedups)
+            if cell.selector is not None:
+                self.prepare_calibration(cell)
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
         ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
         with ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx) as pool:

@@ -21,23 +21,29 @@ FLOAT_CELL = "float"
 
 @dataclasses.dataclass(frozen=True)
 class GridSpec:
-    """What to compare; also the schema of `qcal compare --config grid.yaml`."""
+    """What to compare; also the schema of `qcal compare --config grid.yaml`.
+
+    Besides selectors x methods, the axes `model`, `seed` (independent calibration draws),
+    `nsamples`, `bits`, `group_size`, `sym` and `desc_act` take one value or a list (YAML
+    also accepts the plural spellings `models` and `seeds`). Cells are keyed by every
+    axis that varies in the grid, so a one-valued axis leaves the keys as they were.
+    """
 
     name: str = "grid"
-    model: str | None = None
+    model: str | None | tuple[str | None, ...] = None
     selectors: tuple[str, ...] = ("random", "zipf")
     methods: tuple[str, ...] = ("rtn", "gptq")
-    bits: int = 4
-    group_size: int = 128
-    sym: bool = False
-    desc_act: bool = False  # GPTQ act-order; ignored by the other methods
+    bits: int | tuple[int, ...] = 4
+    group_size: int | tuple[int, ...] = 128
+    sym: bool | tuple[bool, ...] = False
+    desc_act: bool | tuple[bool, ...] = False  # GPTQ act-order; ignored by the other methods
     # Further config fields per method, e.g. {"gptq": {"damp_percent": 0.02}}: every field
     # of the method's config can be set, and an unknown one is an error.
     method_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
     source: str = "debian-handbook"
-    nsamples: int = 128
+    nsamples: int | tuple[int, ...] = 128
     seqlen: int = 512
-    seed: int = 0
+    seed: int | tuple[int, ...] = 0
     eval_langs: tuple[str, ...] = ("en",)
     eval_seqlen: int = 512
     max_windows: int | None = None
@@ -62,28 +68,56 @@ class GridSpec:
             self.method_config(m)  # unknown option names fail here, before any cell runs
         if self.confidence and not self.tasks:
             raise ConfigError("confidence metrics need multiple-choice --tasks")
+        for axis in AXES:
+            if not self.values(axis):
+                raise ConfigError(f"grid axis {axis} is an empty list; give at least one value")
+        for bits in self.values("bits"):
+            for group in self.values("group_size"):
+                QuantScheme(bits, group)  # an unusable width or group size fails here
+        if any(n < 1 for n in self.values("nsamples")):
+            raise ConfigError(f"nsamples {self.values('nsamples')} must all be >= 1")
+
+    def values(self, axis: str) -> tuple[Any, ...]:
+        """The values of one axis (a one-valued axis gives a 1-tuple)."""
+        value = getattr(self, axis)
+        return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+    def varying(self) -> tuple[str, ...]:
+        return tuple(a for a in AXES if len(self.values(a)) > 1)
+
+    def setting(self, cell: Cell, axis: str) -> Any:
+        """`axis`'s value for `cell`: its own where the axis varies, else the one value."""
+        return dict(cell.axes).get(axis, self.values(axis)[0])
+
+    def cell_scheme(self, cell: Cell) -> QuantScheme:
+        return QuantScheme(self.setting(cell, "bits"), self.setting(cell, "group_size"),
+                           self.setting(cell, "sym"))
 
     @property
     def scheme(self) -> QuantScheme:
-        return QuantScheme(self.bits, self.group_size, self.sym)
+        """The scheme of a grid whose scheme axes each have one value."""
+        return self.cell_scheme(Cell(None, None))
 
     def eval_config(self) -> EvalConfig:
         return EvalConfig(seqlen=self.eval_seqlen, max_windows=self.max_windows,
                           langs=self.eval_langs, tasks=self.tasks, confidence=self.confidence,
                           limit=self.limit)
 
-    def method_config(self, method: str) -> Any:
-        """`method`'s config for this grid: the scheme, act-order for GPTQ, method_options."""
+    def method_config(self, method: str, cell: Cell | None = None) -> Any:
+        """`method`'s config for `cell`: its scheme, act-order for GPTQ, method_options."""
         from qcal.recipe import method_config
 
+        cell = cell or Cell(None, method)
         options = dict(self.method_options.get(method, {}))
         if method == "gptq":
-            options.setdefault("desc_act", self.desc_act)
-        return method_config(method, self.scheme, **options)
+            options.setdefault("desc_act", self.setting(cell, "desc_act"))
+        return method_config(method, self.cell_scheme(cell), **options)
 
-    def calib_config(self, selector: str) -> CalibConfig:
-        return CalibConfig(selector=selector, source=self.source, nsamples=self.nsamples,
-                           seqlen=self.seqlen, seed=self.seed)
+    def calib_config(self, selector: str, cell: Cell | None = None) -> CalibConfig:
+        cell = cell or Cell(selector, None)
+        return CalibConfig(selector=selector, source=self.source,
+                           nsamples=self.setting(cell, "nsamples"), seqlen=self.seqlen,
+                           seed=self.setting(cell, "seed"))
 
     def recipe(self, cell: Cell, output: Path | str, device: str = "auto") -> QuantRecipe:
         """The recipe that makes `cell`'s checkpoint (the float cell has none)."""
@@ -91,9 +125,13 @@ class GridSpec:
 
         if cell.method is None:
             raise ConfigError("the float cell quantizes nothing; it has no recipe")
-        calib = self.calib_config(cell.selector) if cell.selector is not None else None
-        return QuantRecipe(method=self.method_config(cell.method), calib=calib, model=self.model,
-                           output=str(output), device=device)
+        calib = self.calib_config(cell.selector, cell) if cell.selector is not None else None
+        return QuantRecipe(method=self.method_config(cell.method, cell), calib=calib,
+                           model=self.setting(cell, "model"), output=str(output), device=device)
+
+    def float_cell(self, cell: Cell) -> Cell:
+        """The float reference that `cell` is compared with (same model)."""
+        return Cell(None, None, tuple((a, v) for a, v in cell.axes if a == "model"))
 
 
 def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> GridSpec:
@@ -107,7 +145,7 @@ def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> Gri
 
 
 # Renamed fields: old grid files (and grid.json of finished grids) still load.
-RENAMED_FIELDS = {"calibration": "confidence"}
+RENAMED_FIELDS = {"calibration": "confidence", "models": "model", "seeds": "seed"}
 
 
 def grid_from_dict(raw: dict[str, Any]) -> GridSpec:
@@ -134,25 +172,51 @@ def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text).strip("-")
 
 
+# Axes beyond selector x method, in key order, and the cells they apply to.
+AXES = ("model", "seed", "nsamples", "bits", "group_size", "sym", "desc_act")
+FLOAT_AXES = ("model",)
+NO_CALIB_AXES = ("model", "bits", "group_size", "sym")
+METHOD_ONLY_AXES = {"desc_act": "gptq"}
+
+
+def axis_label(axis: str, value: Any) -> str:
+    if axis == "model":
+        return "m-" + safe_name(Path(str(value)).name if value else "default")
+    if axis in ("sym", "desc_act"):
+        return {"sym": ("asym", "sym"), "desc_act": ("noact", "act")}[axis][bool(value)]
+    return {"seed": "s", "nsamples": "n", "bits": "w", "group_size": "g"}[axis] + str(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Cell:
     selector: str | None  # None: no calibration data (float, RTN)
     method: str | None  # None: the float reference
+    axes: tuple[tuple[str, Any], ...] = ()  # values of the grid's varying axes that apply
 
     @property
     def key(self) -> str:
-        if self.method is None:
-            return FLOAT_CELL
-        return f"{safe_name(self.selector or 'none')}__{self.method}"
+        base = FLOAT_CELL if self.method is None else f"{safe_name(self.selector or 'none')}__{self.method}"
+        return base + "".join(f"__{axis_label(a, v)}" for a, v in self.axes)
 
 
 def plan_cells(spec: GridSpec) -> list[Cell]:
+    """Every cell of the grid: per model a float reference, then each method over the
+    axes that apply to it (RTN has no calibration axes; act-order is GPTQ's alone)."""
+    import itertools
+
     from qcal.methods import METHODS
 
-    cells = [Cell(None, None)]
+    varying = spec.varying()
+
+    def combos(applicable: tuple[str, ...], method: str | None) -> list[tuple[tuple[str, Any], ...]]:
+        axes = [a for a in varying if a in applicable and METHOD_ONLY_AXES.get(a, method) == method]
+        return [tuple(zip(axes, vals, strict=True))
+                for vals in itertools.product(*(spec.values(a) for a in axes))]
+
+    cells = [Cell(None, None, c) for c in combos(FLOAT_AXES, None)]
     for method in spec.methods:
         if not METHODS.get(method).needs_calibration:
-            cells.append(Cell(None, method))
+            cells.extend(Cell(None, method, c) for c in combos(NO_CALIB_AXES, method))
             continue
-        cells.extend(Cell(sel, method) for sel in spec.selectors)
+        cells.extend(Cell(sel, method, c) for sel in spec.selectors for c in combos(AXES, method))
     return cells

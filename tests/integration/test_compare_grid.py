@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -231,3 +232,42 @@ def test_sigkill_mid_grid_then_restart_keeps_finished_cells(tiny_model_dir: Path
     for name, blob in before.items():
         assert (cells_dir / name).read_bytes() == blob, f"{name} was recomputed"
     assert not list((tmp_path / "res").rglob(".*.tmp-*"))
+
+
+def test_axes_expand_cells_and_keep_single_value_keys(tiny_model_dir: Path, texts) -> None:
+    spec = spec_for(tiny_model_dir, texts, seed=(0, 1), sym=(False, True), desc_act=(False, True))
+    keys = [c.key for c in plan_cells(spec)]
+    assert keys[0] == "float"  # one model: the float cell keeps its name
+    rtn = [k for k in keys if k.startswith("none__rtn")]
+    assert rtn == ["none__rtn__asym", "none__rtn__sym"]  # no seed or act-order axis for RTN
+    gptq = [k for k in keys if "__gptq" in k]
+    assert len(gptq) == 2 * 2 * 2 * 2 and "zipf__gptq__s1__sym__act" in gptq
+    cell = next(c for c in plan_cells(spec) if c.key == "random__gptq__s1__sym__noact")
+    recipe = spec.recipe(cell, "/tmp/x")
+    assert recipe.calib.seed == 1 and recipe.scheme.sym and not recipe.method.desc_act
+    # YAML's plural spellings load too.
+    from qcal.grid import grid_from_dict
+
+    raw = {"name": "g", "model": str(tiny_model_dir), "seeds": [0, 1, 2], "methods": ["rtn"]}
+    assert grid_from_dict(raw).values("seed") == (0, 1, 2)
+
+
+def test_grid_over_seeds_and_models_runs_and_resumes(tiny_model_dir: Path, texts,
+                                                     tmp_path: Path) -> None:
+    import shutil as sh
+
+    other = tmp_path / "tiny-copy"
+    sh.copytree(tiny_model_dir, other)
+    spec = dataclasses.replace(
+        spec_for(tiny_model_dir, texts, seed=(0, 1), selectors=("random",), methods=("rtn", "gptq")),
+        model=(str(tiny_model_dir), str(other)))
+    cells = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
+    m1, m2 = f"m-{tiny_model_dir.name}", "m-tiny-copy"
+    assert set(cells) == {f"float__{m1}", f"float__{m2}", f"none__rtn__{m1}", f"none__rtn__{m2}",
+                          *(f"random__gptq__{m}__s{s}" for m in (m1, m2) for s in (0, 1))}
+    assert cells[f"random__gptq__{m2}__s1"]["float_cell"] == f"float__{m2}"
+    digests = {cells[f"random__gptq__{m1}__s{s}"]["calibration"]["digest"] for s in (0, 1)}
+    assert len(digests) == 2  # independent calibration draws
+    render_report(tmp_path / "r")
+    again = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False)
+    assert again.pending() == []
