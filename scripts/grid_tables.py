@@ -1,0 +1,184 @@
+#!/usr/bin/env python
+"""Render benchmark tables from finished comparison grids (configs/*.yaml -> results/).
+
+    python scripts/grid_tables.py baseline   # results/baseline_grid -> results/baseline.{json,md}
+    python scripts/grid_tables.py gptq       # results/gptq_vs_rtn   -> results/gptq.{json,md}
+    python scripts/grid_tables.py awq        # results/awq_vs_rtn    -> results/awq.{json,md}
+
+The grids do the work (`qcal compare --config configs/<grid>.yaml`, cached and resumable;
+scripts/run_benchmark_grids.sh runs all three); this script only reads their cells.
+`--time-cli` additionally times one `qcal quantize` process under /usr/bin/time -v for
+the peak-RSS figure (the grid runs cells in-process, where RSS is not per cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from qcal.cli import command_prefix  # noqa: E402
+from qcal.grid import load_cells  # noqa: E402
+from qcal.grid.report import float_key, ppl_table  # noqa: E402
+from qcal.paths import default_model_dir, results_dir  # noqa: E402
+from qcal.results import (  # noqa: E402
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    timed_command,
+    write_results,
+)
+
+GRIDS = {"baseline": "baseline_grid", "gptq": "gptq_vs_rtn", "awq": "awq_vs_rtn"}
+CAVEAT = ("The float baseline is SmolLM2-135M-Instruct dequantized from a Q4_1 GGUF (a 4-bit "
+          "grid with blocks of 32): every gap is relative to that model, not to the original "
+          "bf16 weights. Group 128 does not divide the hidden size 576, so each 576-wide input "
+          "has a ragged last group of 64.")
+
+
+def label(rec: dict[str, Any]) -> str:
+    if rec.get("method") is None:
+        return "float32"
+    axes = rec.get("axes") or {}
+    parts = [rec["method"].upper()]
+    if "sym" in axes:
+        parts.append("sym" if axes["sym"] else "asym")
+    if "desc_act" in axes:
+        parts.append("act-order" if axes["desc_act"] else "")
+    return " ".join(p for p in parts if p)
+
+
+def grid_provenance(root: Path, cells: dict[str, Any], name: str) -> dict[str, Any]:
+    spec = json.loads((root / "grid.json").read_text())["spec"]
+    dates = sorted(c["provenance"]["date"] for c in cells.values() if c.get("provenance"))
+    loads = [c["provenance"]["machine"].get("load_average") for c in cells.values()
+             if c.get("provenance")]
+    return provenance(
+        f"qcal compare --config configs/{spec['name']}.yaml && python scripts/grid_tables.py {name}",
+        model=spec.get("model") or f"default ({default_model_dir().name})",
+        calibration=f"{spec['source']} calib split, selector(s) {', '.join(spec['selectors'])}, "
+                    f"{spec['nsamples']} x {spec['seqlen']} tokens, seed {spec['seed']}",
+        evaluation=f"{spec['source']} held-out chapters, fixed {spec['eval_seqlen']}-token "
+                   f"windows, cap {spec['max_windows'] or 'none (all windows)'}",
+        cells_computed=f"{dates[0]} .. {dates[-1]}" if dates else "-",
+        load_average_at_cells=loads)
+
+
+def render_baseline(cells: dict[str, Any]) -> tuple[list[list[Any]], str]:
+    langs, table = ppl_table(cells)
+    rows = [[label(cells[k]), *[table[k].get(lang, float("nan")) for lang in langs]]
+            for k in table]
+    tokens = ["tokens", *[_tokens(cells[next(iter(cells))], lang) for lang in langs]]
+    md = [markdown_table(["setting", *langs], [*rows, tokens], ".2f"),
+          "RTN is worse than float everywhere, and asymmetric beats symmetric at the same size. "
+          "Russian, Japanese, Chinese and Arabic show low per-token perplexity because the "
+          "tokenizer splits them into many short, predictable byte-level tokens: compare "
+          "methods within a language, not across languages."]
+    return rows, "\n\n".join(md)
+
+
+def _tokens(rec: dict[str, Any], lang: str) -> int:
+    return rec["eval"]["perplexity"]["model"][lang]["tokens"]
+
+
+def render_methods(cells: dict[str, Any]) -> tuple[list[list[Any]], str]:
+    """One row per cell with English perplexity, the RTN->float gap recovered and time."""
+    _, table = ppl_table(cells)
+    rows = []
+    for key, rec in cells.items():
+        ppl = table[key]["en"]
+        fp = table[float_key(rec)]["en"]
+        rtn_key = next((k for k, r in cells.items() if r.get("method") == "rtn" and
+                        (r.get("axes") or {}).get("sym") == (rec.get("axes") or {}).get("sym")),
+                       None)
+        gap = ""
+        if rec.get("method") not in (None, "rtn") and rtn_key:
+            rtn = table[rtn_key]["en"]
+            gap = (rtn - ppl) / (rtn - fp)
+        rows.append([label(rec), ppl, gap, rec.get("quantize_seconds") or "-"])
+    md = [markdown_table(["setting", "ppl (en)", "RTN->float gap recovered", "quantize s"], rows,
+                         ".3f"),
+          "gap recovered = (ppl_RTN - ppl) / (ppl_RTN - ppl_float), against RTN of the same "
+          "symmetry; quantize s is the in-process quantization time of the grid cell."]
+    better = [r[0] for r in rows if isinstance(r[2], float) and r[2] > 0]
+    worse = [r[0] for r in rows if isinstance(r[2], float) and r[2] <= 0]
+    md.append(f"Better than RTN: {', '.join(better) or 'none'}. Not better than RTN: "
+              f"{', '.join(worse) or 'none'}.")
+    return rows, "\n\n".join(md)
+
+
+def awq_search_summary(root: Path, cells: dict[str, Any]) -> str:
+    from qcal.methods.awq_runner import ARTIFACT_NAME, load_artifact
+
+    spec = json.loads((root / "grid.json").read_text())["spec"]
+    from qcal.paths import runs_dir
+
+    found = [runs_dir() / "compare" / spec["name"] / "ckpt" / k / "artifacts" / ARTIFACT_NAME
+             for k, r in cells.items() if r.get("method") == "awq"]
+    found = [p for p in found if p.is_file()]
+    if not found:
+        return "(AWQ search artifact not present on this machine: summary omitted.)"
+    kinds: dict[str, dict[str, list[float]]] = {}
+    for entry in load_artifact(found[0])["layers"]:
+        for g in entry["scales"]:
+            k = kinds.setdefault(g["prev_op"], {"ratio": [], "gain": []})
+            k["ratio"].append(g["ratio"])
+            if g["rtn_loss"]:
+                k["gain"].append(1 - g["loss"] / g["rtn_loss"])
+    rows = [[op, len(v["ratio"]), sum(v["ratio"]) / len(v["ratio"]),
+             f"{100 * sum(v['gain']) / max(len(v['gain']), 1):.1f}%"] for op, v in kinds.items()]
+    return ("AWQ search: chosen ratio and block-output MSE reduction vs RTN (ratio 0), "
+            "averaged over layers (v_proj -> o_proj is skipped: with grouped-query attention "
+            "v_proj is narrower than o_proj's input).\n\n"
+            + markdown_table(["scale group (prev op)", "layers", "mean ratio", "loss reduction"],
+                             rows, ".3f"))
+
+
+def time_cli(method: str, spec: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["quantize", "--method", method, "--bits", str(spec["bits"]), "--group-size",
+                str(spec["group_size"]), "--nsamples", str(spec["nsamples"]), "--seqlen",
+                str(spec["seqlen"]), "-o", str(Path(tmp) / "ckpt")]
+        run = timed_command([*command_prefix(), *args])
+    run.pop("error_tail", None)
+    return {"command": "qcal " + " ".join(args[:-2]), **run}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", choices=sorted(GRIDS))
+    parser.add_argument("--time-cli", action="store_true",
+                        help="also time one `qcal quantize` process (peak RSS, wall)")
+    args = parser.parse_args()
+    root = results_dir() / GRIDS[args.which]
+    cells = load_cells(root)
+    prov = grid_provenance(root, cells, args.which)
+    titles = {"baseline": "Baseline: float vs RTN w4g128 on the default model",
+              "gptq": "GPTQ vs RTN (w4, group 128) on the default model",
+              "awq": "AWQ vs GPTQ vs RTN (w4g128, asym) on the default model"}
+    rows, body = (render_baseline(cells) if args.which == "baseline" else render_methods(cells))
+    parts = [f"# {titles[args.which]}", provenance_markdown(prov), body]
+    data: dict[str, Any] = {"provenance": prov, "rows": rows, "grid": str(root)}
+    if args.which == "awq":
+        parts.append(awq_search_summary(root, cells))
+    if args.time_cli:
+        spec = json.loads((root / "grid.json").read_text())["spec"]
+        method = {"gptq": "gptq", "awq": "awq"}.get(args.which, "rtn")
+        data["cli"] = time_cli(method, spec)
+        cli = data["cli"]
+        parts.append(f"One CLI process, timed: `{cli['command']}`: wall {cli['wall_seconds']} s, "
+                     f"peak RSS {cli['max_rss_mib']} MiB, load average before/after "
+                     f"{cli['load_before']} / {cli['load_after']}.")
+    parts.append(CAVEAT)
+    write_results(results_dir() / args.which, data, "\n\n".join(parts))
+    print(f"wrote {results_dir() / args.which}.md")
+
+
+if __name__ == "__main__":
+    main()
