@@ -7,13 +7,14 @@ import errno
 import importlib
 import logging
 import os
+import shlex
 import sys
 
 from qcal_kernels.errors import KernelError
 
 from qcal.errors import QcalError
 
-COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare")
+COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare", "export")
 USER_FIXABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM)
 
 
@@ -46,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.command_line = "qcal " + shlex.join(str(a) for a in argv)  # for model cards and logs
     try:
         return int(args.handler(args) or 0)
     except (QcalError, KernelError) as err:

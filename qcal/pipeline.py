@@ -31,6 +31,7 @@ from qcal.methods.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
 from qcal.model.arch import arch_for, get_module
 from qcal.model.loading import load_model
 from qcal.model.sequential import PROGRESS_FILE, read_progress
+from qcal.packing.card import model_card
 from qcal.packing.checkpoint import (
     CHECKPOINT_KIND,
     is_legacy_qcal_checkpoint,
@@ -124,7 +125,7 @@ def quantize_model_dir(
     model: str | Path | None, method: str, config: Any, out_dir: Path,
     calib_ids: torch.Tensor | None = None, calib_manifest: dict[str, Any] | None = None,
     opts: RunOptions | None = None, trust_remote_code: bool = False,
-    extra_log: dict[str, Any] | None = None,
+    extra_log: dict[str, Any] | None = None, fmt: str = "gptq", command: str | None = None,
 ) -> dict[str, Any]:
     """Load `model`, quantize it with `method`, write a GPTQ-layout checkpoint to `out_dir`.
 
@@ -155,16 +156,19 @@ def quantize_model_dir(
         "source_model": str(src),
         "calibration": calib_manifest,
         "quantize_seconds": round(seconds, 2),
+        "format": fmt,
+        "command": command,
     }
     log = {"losses": losses, **meta, **(extra_log or {})}
-    extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str)}
+    extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),
+                                     "README.md": model_card(meta, fmt, str(src), command)}
     artifact = Path(opts.work_dir) / AWQ_ARTIFACT if opts.work_dir is not None else None
     if method == "awq" and artifact is not None and artifact.is_file():
         # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.
         extra[f"artifacts/{AWQ_ARTIFACT}"] = artifact.read_bytes()
     # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
     save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
-                    fields=spec.checkpoint_fields(config), meta=meta, extra_files=extra)
+                    fields=spec.checkpoint_fields(config), meta=meta, extra_files=extra, fmt=fmt)
     return log
 
 
@@ -191,8 +195,37 @@ def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
             "calibration": None, "awq_artifact": str(Path(artifact).resolve()),
             "quantize_seconds": round(time.perf_counter() - started, 2)}
     save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym, meta=meta,
-                    extra_files={"quant_log.json": json.dumps(meta, indent=2, default=str)})
+                    extra_files={"quant_log.json": json.dumps(meta, indent=2, default=str),
+                                 "README.md": model_card(meta, "gptq", str(src))})
     return meta
+
+
+def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPolicy) -> Path:
+    """Rewrite a quantized checkpoint (any format qcal reads) in format `fmt`."""
+    from qcal.model.loading import resolve_model_dir
+
+    src_dir = resolve_model_dir(src)
+    if not is_quantized_checkpoint(src_dir):
+        raise ConfigError(f"{src_dir} is not a quantized checkpoint; `qcal export` converts "
+                          "checkpoints (quantize a float model with `qcal quantize --format ...`)")
+    size = sum(f.stat().st_size for f in src_dir.glob("*.safetensors"))
+    check_output(out_dir, CHECKPOINT_KIND, overwrite=policy.overwrite, protected=(src_dir,),
+                 legacy_owned=is_legacy_qcal_checkpoint)
+    check_writable(out_dir, size)
+    net, tokenizer, _ = load_model(src_dir)
+    try:
+        log = json.loads((src_dir / "quant_log.json").read_text())
+    except (OSError, ValueError):
+        log = {"method": "unknown (not written by qcal)", "config": {}}
+    qcfg = json.loads((src_dir / "config.json").read_text())["quantization_config"]
+    sym = bool((log.get("config") or {}).get("scheme", {}).get("sym", qcfg.get("sym", False)))
+    log = {**log, "format": fmt, "exported_from": str(src_dir)}
+    base = str(log.get("source_model") or src_dir)
+    extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),
+                                     "README.md": model_card(log, fmt, base, log.get("command"))}
+    save_checkpoint(net, out_dir, tokenizer, sym=sym, meta=log, extra_files=extra, fmt=fmt,
+                    fields={"desc_act": bool(qcfg.get("desc_act", False))})
+    return out_dir
 
 
 def default_output_dir(model: str | Path | None, method: str, scheme: QuantScheme,

@@ -45,8 +45,14 @@ class QuantRecipe:
     device: str = "auto"
     trust_remote_code: bool = False
     eval: EvalConfig | None = None
+    format: str = "gptq"  # checkpoint format: gptq, compressed-tensors or awq
+    command: str | None = None  # the command line that made the recipe, for the model card
 
     def __post_init__(self) -> None:
+        from qcal.packing.checkpoint import FORMATS
+
+        if self.format not in FORMATS:
+            raise ConfigError(f"--format {self.format!r} is unknown; use one of {', '.join(FORMATS)}")
         from qcal.methods import method_for_config
 
         method = method_for_config(self.method)
@@ -76,14 +82,16 @@ class QuantRecipe:
     def checkpoint_key(self, model_dir: Path | str) -> str:
         """Fingerprint of what the checkpoint depends on (not output, device or eval)."""
         calib = self.calib if self.uses_calibration() else None
-        return fingerprint("checkpoint", str(Path(model_dir).resolve()), self.method, calib)
+        return fingerprint("checkpoint", str(Path(model_dir).resolve()), self.method, calib,
+                           self.format)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": {"type": type(self.method).__name__, **config_to_dict(self.method)},
                 "calib": config_to_dict(self.calib) if self.calib is not None else None,
                 "model": self.model, "output": self.output, "device": self.device,
                 "trust_remote_code": self.trust_remote_code,
-                "eval": config_to_dict(self.eval) if self.eval is not None else None}
+                "eval": config_to_dict(self.eval) if self.eval is not None else None,
+                "format": self.format, "command": self.command}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantRecipe:
@@ -97,7 +105,8 @@ class QuantRecipe:
                    model=data.get("model"), output=data.get("output"),
                    device=data.get("device", "auto"),
                    trust_remote_code=bool(data.get("trust_remote_code", False)),
-                   eval=config_from_dict(EvalConfig, data["eval"]) if data.get("eval") else None)
+                   eval=config_from_dict(EvalConfig, data["eval"]) if data.get("eval") else None,
+                   format=data.get("format", "gptq"), command=data.get("command"))
 
 
 @dataclasses.dataclass
@@ -171,7 +180,8 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
                               progress=progress)
             log = quantize_model_dir(model_dir, recipe.method_name, recipe.method, out, calib_ids,
                                      manifest, opts, trust_remote_code=recipe.trust_remote_code,
-                                     extra_log={"recipe": recipe.to_dict(), "recipe_key": key})
+                                     extra_log={"recipe": recipe.to_dict(), "recipe_key": key},
+                                     fmt=recipe.format, command=recipe.command)
     evaluation = None
     if recipe.eval is not None:
         from qcal.eval.job import run_evaluation

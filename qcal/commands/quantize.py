@@ -45,6 +45,9 @@ def add_parser(sub: Any) -> None:
                    help="keep <output>.work (per-layer resume state) after a successful run")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model directory's own Python code to run (off by default)")
+    p.add_argument("--format", default="gptq", choices=("gptq", "compressed-tensors", "awq"),
+                   help="checkpoint format: gptq (default), compressed-tensors (pack-quantized, "
+                        "vLLM native) or awq (AutoAWQ GEMM layout, 4-bit, no act-order)")
     p.add_argument("--eval", action="store_true",
                    help="afterwards, print float vs quantized perplexity on held-out text")
     p.add_argument("--eval-langs", default="en", help="with --eval: languages (e.g. en,de)")
@@ -101,7 +104,8 @@ def make_recipe(args: argparse.Namespace) -> Any:
         evaluation = EvalConfig(langs=langs, max_windows=args.eval_windows, seqlen=args.seqlen)
     return QuantRecipe(method=make_config(args), calib=calib, model=args.model,
                        output=str(args.output) if args.output else None, device=args.device,
-                       trust_remote_code=args.trust_remote_code, eval=evaluation)
+                       trust_remote_code=args.trust_remote_code, eval=evaluation,
+                       format=args.format, command=getattr(args, "command_line", None))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
                                "quantize_seconds": outcome.log["quantize_seconds"]}
     if outcome.evaluation is not None:
         summary["perplexity"] = _float_vs_quantized(outcome, recipe)
+        _card_with_evaluation(outcome, recipe, summary)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -144,6 +149,16 @@ def _float_vs_quantized(outcome: Any, recipe: Any) -> dict[str, Any]:
         table[lang] = {"float": round(ref["ppl"], 3), "quantized": round(row["ppl"], 3),
                        "tokens": row["tokens"], "windows": row["windows"]}
     return table
+
+
+def _card_with_evaluation(outcome: Any, recipe: Any, summary: dict[str, Any]) -> None:
+    """Rewrite the checkpoint's model card with the evaluation that just ran."""
+    from qcal.fsio import atomic_write_text
+    from qcal.packing.card import model_card
+
+    card = model_card(outcome.log, recipe.format, str(outcome.log.get("source_model")),
+                      recipe.command, {"perplexity": summary["perplexity"]})
+    atomic_write_text(Path(outcome.output) / "README.md", card)
 
 
 def _warn_long_seqlen(model_dir: Path, seqlen: int) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from qcal_kernels.format import PACKABLE_BITS, pack_cols, unpack_cols
+from qcal_kernels.format import PACKABLE_BITS, pack_cols, pack_rows, unpack_cols
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -30,6 +30,7 @@ from qcal.packing.qlinear import QuantLinear
 WEIGHTS_NAME = "model.safetensors"
 QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 CHECKPOINT_KIND = "checkpoint"
+FORMATS = ("gptq", "compressed-tensors", "awq")  # --format names = quantization_config.quant_method
 
 
 def quant_modules(model: nn.Module) -> dict[str, QuantLinear]:
@@ -45,6 +46,8 @@ def _zero_storage_format(model: nn.Module) -> str:
 
 def _state_for_disk(model: nn.Module, fmt: str) -> dict[str, torch.Tensor]:
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    for name in quant_modules(model):  # the GPTQ layout's scales are fp16 (exact for qcal's)
+        state[f"{name}.scales"] = state[f"{name}.scales"].to(torch.float16)
     if fmt == "gptq":
         for name, layer in quant_modules(model).items():
             stored = unpack_cols(state[f"{name}.qzeros"], layer.bits) - 1
@@ -78,7 +81,7 @@ def quantization_config(layer: QuantLinear, sym: bool, fmt: str, meta: dict[str,
 def save_checkpoint(
     model: nn.Module, out_dir: Path | str, tokenizer: Any = None, *, sym: bool,
     fields: dict[str, Any] | None = None, meta: dict[str, Any] | None = None,
-    extra_files: dict[str, str | bytes] | None = None,
+    extra_files: dict[str, str | bytes] | None = None, fmt: str = "gptq",
 ) -> Path:
     """Write a model whose quantized linears are `QuantLinear`s; atomic (temp dir + rename).
 
@@ -89,16 +92,23 @@ def save_checkpoint(
     layers = quant_modules(model)
     if not layers:
         raise CheckpointError("the model has no QuantLinear layers: quantize it before saving")
+    if fmt not in FORMATS:
+        raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {', '.join(FORMATS)}")
     first = next(iter(layers.values()))
-    fmt = _zero_storage_format(model)
-    qcfg = quantization_config(first, sym, fmt, meta or {}, fields)
+    if fmt == "gptq":
+        storage = _zero_storage_format(model)
+        qcfg = quantization_config(first, sym, storage, meta or {}, fields)
+        state = _state_for_disk(model, storage)
+    else:
+        state, qcfg = _other_format_state(model, fmt, sym, fields or {})
 
     def fill(tmp: Path) -> None:
-        save_file(_state_for_disk(model, fmt), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         config = model.config.to_dict()
         config["quantization_config"] = qcfg
         (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
+        if fmt == "gptq":
+            (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         for name, content in (extra_files or {}).items():
@@ -108,6 +118,31 @@ def save_checkpoint(
 
     write_dir_atomically(Path(out_dir), fill, CHECKPOINT_KIND)
     return Path(out_dir)
+
+
+def _other_format_state(model: nn.Module, fmt: str, sym: bool, fields: dict[str, Any]
+                        ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """State dict and quantization_config of the compressed-tensors or AWQ GEMM format."""
+    from qcal.packing import formats
+
+    layers = quant_modules(model)
+    first = next(iter(layers.values()))
+    state = _state_for_disk(model, "gptq_v2")
+    dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+    actorder = False
+    for name, layer in layers.items():
+        for suffix in QUANT_SUFFIXES:
+            state.pop(f"{name}.{suffix}")
+        codes = formats.codes_of(layer)
+        actorder = actorder or not codes.contiguous_groups
+        new = (formats.ct_tensors(name, codes, dtype, sym) if fmt == "compressed-tensors"
+               else formats.awq_tensors(name, codes))
+        state.update({k: v.contiguous() for k, v in new.items()})
+    if fmt == "awq":
+        return state, formats.awq_config(first.bits, first.group_size)
+    ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return state, formats.ct_config(first.bits, first.group_size, sym,
+                                    actorder or bool(fields.get("desc_act")), ignore)
 
 
 def is_legacy_qcal_checkpoint(path: Path) -> bool:
@@ -124,8 +159,11 @@ def is_quantized_checkpoint(path: Path | str) -> bool:
     cfg = Path(path) / "config.json"
     if not cfg.is_file():
         return False
-    qc = json.loads(cfg.read_text()).get("quantization_config") or {}
-    return qc.get("quant_method") == "gptq"
+    try:
+        qc = json.loads(cfg.read_text()).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return qc.get("quant_method") in FORMATS
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -157,18 +195,27 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         raise ModelNotFoundError(f"{path} has no config.json; is it a qcal/GPTQ checkpoint?")
     raw = json.loads((path / "config.json").read_text())
     qcfg = raw.get("quantization_config") or {}
-    if qcfg.get("quant_method") != "gptq":
-        raise CheckpointError(f"{path}/config.json has no GPTQ quantization_config")
-    fmt = qcfg.get("checkpoint_format", "gptq")
-    try:
-        bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
-    except (KeyError, TypeError, ValueError):
-        raise CheckpointError(f"{path}/config.json quantization_config needs integer \"bits\" and "
-                              "\"group_size\"; re-create the checkpoint with `qcal quantize`") from None
+    method = qcfg.get("quant_method")
+    if method not in FORMATS:
+        raise CheckpointError(f"{path}/config.json has no quantization_config qcal reads "
+                              f"(quant_method {method!r}; known: {', '.join(FORMATS)})")
+    if method == "compressed-tensors":
+        from qcal.packing.formats import ct_scheme
+
+        bits, group_size = ct_scheme(qcfg)[:2]
+    else:
+        try:
+            bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}/config.json quantization_config needs integer \"bits\" "
+                                  "and \"group_size\"; re-create it with `qcal quantize`") from None
     if bits not in PACKABLE_BITS:
-        raise CheckpointError(f"{path}/config.json says bits={bits}; GPTQ-layout checkpoints hold "
+        raise CheckpointError(f"{path}/config.json says bits={bits}; qcal's checkpoints hold "
                               f"{PACKABLE_BITS}-bit weights: fix config.json or re-create it")
     state = _read_tensors(path)
+    fmt = qcfg.get("checkpoint_format", "gptq")
+    if method != "gptq":
+        state, fmt = _as_gptq_state(state, method, bits, group_size), "gptq_v2"
 
     config = AutoConfig.from_pretrained(str(path), local_files_only=True,
                                         trust_remote_code=trust_remote_code)
@@ -186,8 +233,11 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
             linear = get_module(model, name)
         except AttributeError:
             raise CheckpointError(f"checkpoint tensor {name}.qweight names no module") from None
+        scales = state.get(f"{name}.scales")
+        # Keep the file's scale dtype (bf16/fp32 in other formats): a cast could round them.
+        scale_dtype = scales.dtype if scales is not None and scales.is_floating_point() else torch.float16
         qlayer = QuantLinear(linear.in_features, linear.out_features, bits, group_size,
-                             linear.bias is not None)
+                             linear.bias is not None, scale_dtype)
         set_module(model, name, qlayer)
         for suffix in QUANT_SUFFIXES:
             if f"{name}.{suffix}" not in state:
@@ -204,6 +254,30 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     model.tie_weights()
     model.eval()
     return model
+
+
+def _as_gptq_state(state: dict[str, torch.Tensor], method: str, bits: int,
+                   group_size: int) -> dict[str, torch.Tensor]:
+    """A compressed-tensors or AWQ state dict rewritten as GPTQ buffers (true zero points)."""
+    from qcal.packing import formats
+
+    marker = ".weight_packed" if method == "compressed-tensors" else ".qweight"
+    names = sorted({k[: -len(marker)] for k in state if k.endswith(marker)})
+    out = dict(state)
+    for name in names:
+        try:
+            codes = (formats.ct_codes(state, name, bits, group_size) if method != "awq"
+                     else formats.awq_codes(state, name, bits, group_size))
+        except (KeyError, RuntimeError, ValueError) as err:
+            raise CheckpointError(f"{method} tensors of {name} are incomplete or mis-shaped "
+                                  f"({str(err).splitlines()[0][:120]}); re-create the checkpoint") from None
+        for key in [k for k in state if k.startswith(name + ".") and k != f"{name}.bias"]:
+            out.pop(key)
+        out[f"{name}.qweight"] = pack_rows(codes.codes.T.contiguous().to(torch.int64), bits)
+        out[f"{name}.qzeros"] = pack_cols(codes.zeros.to(torch.int64), bits)
+        out[f"{name}.scales"] = codes.scales
+        out[f"{name}.g_idx"] = codes.g_idx.to(torch.int32)
+    return out
 
 
 def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:

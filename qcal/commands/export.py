@@ -1,0 +1,28 @@
+"""`qcal export`: rewrite a quantized checkpoint in another format."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("export", help="convert a quantized checkpoint to another format",
+                       description="Read a checkpoint in any format qcal reads (GPTQ layout, "
+                                   "compressed-tensors pack-quantized, AWQ GEMM) and write it in "
+                                   "--format, with a model card.")
+    p.add_argument("--model", required=True, help="the quantized checkpoint to convert")
+    p.add_argument("--format", required=True, choices=("gptq", "compressed-tensors", "awq"))
+    p.add_argument("-o", "--output", type=Path, required=True, help="new checkpoint directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output that qcal did not write")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from qcal.pipeline import OutputPolicy, export_checkpoint
+
+    out = export_checkpoint(args.model, args.output, args.format, OutputPolicy(args.overwrite))
+    print(f"wrote {args.format} checkpoint: {out}")
+    return 0

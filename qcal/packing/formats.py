@@ -1,0 +1,186 @@
+"""On-disk formats of a quantized linear besides the GPTQ layout, both directions.
+
+- `compressed-tensors` "pack-quantized" (what vLLM loads natively and transformers loads
+  through the `compressed-tensors` package): per linear `weight_packed` int32
+  [out, in*bits/32] (codes along in_features, element i at bit i*bits, stored with the
+  signed offset 2**(bits-1)), `weight_scale` [out, groups] in the model's float dtype,
+  `weight_zero_point` int32 [out*bits/32, groups] (asymmetric only; packed along out),
+  `weight_shape` [2], and `weight_g_idx` [in] when act-order reorders groups.
+- AWQ GEMM (`quant_method: awq`, `version: gemm`, AutoAWQ's layout): `qweight` int32
+  [in, out/8] and `qzeros` int32 [groups, out/8], both packing 8 output columns per word
+  in the interleaved order 0 2 4 6 1 3 5 7; `scales` fp16 [groups, out]; 4-bit, groups
+  contiguous, true zero points.
+
+Every format maps to and from `LinearCodes` (unsigned codes, zero points, scales, g_idx),
+which `QuantLinear` stores in the GPTQ layout, so any supported checkpoint loads as
+QuantLinear and any QuantLinear model saves in any format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from qcal_kernels.format import pack_cols, pack_rows, unpack_cols, unpack_rows
+
+from qcal.errors import CheckpointError
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+CT_FORMAT = "pack-quantized"
+
+
+@dataclasses.dataclass
+class LinearCodes:
+    """A quantized linear, format-neutral:
+    w[o, i] = (codes[o, i] - zeros[g_idx[i], o]) * scales[g_idx[i], o]."""
+
+    codes: torch.Tensor  # int [out, in], 0..2**bits-1
+    zeros: torch.Tensor  # int [groups, out]
+    scales: torch.Tensor  # float [groups, out]
+    g_idx: torch.Tensor  # int [in]
+    bits: int
+    group_size: int
+
+    @property
+    def contiguous_groups(self) -> bool:
+        n_in = self.codes.shape[1]
+        g = n_in if self.group_size == -1 else self.group_size
+        return bool(torch.equal(self.g_idx.long(), torch.arange(n_in) // g))
+
+
+def codes_of(layer: Any) -> LinearCodes:
+    """The codes of a QuantLinear."""
+    return LinearCodes(unpack_rows(layer.qweight, layer.bits).T.contiguous(),
+                       unpack_cols(layer.qzeros, layer.bits), layer.scales.detach().clone(),
+                       layer.g_idx.detach().clone(), layer.bits, layer.group_size)
+
+
+def load_codes(layer: Any, c: LinearCodes) -> None:
+    """Fill a QuantLinear (of matching shape) from `c`."""
+    with torch.no_grad():
+        layer.qweight.copy_(pack_rows(c.codes.T.contiguous().to(torch.int64), c.bits))
+        layer.qzeros.copy_(pack_cols(c.zeros.to(torch.int64), c.bits))
+        layer.scales.copy_(c.scales.to(layer.scales.dtype))
+        layer.g_idx.copy_(c.g_idx.to(torch.int32))
+
+
+def require_whole_groups(name: str, c: LinearCodes, fmt: str) -> None:
+    n_in = c.codes.shape[1]
+    if c.group_size != -1 and n_in % c.group_size:
+        raise CheckpointError(
+            f"{name} has in_features={n_in}, not a multiple of group_size={c.group_size}; the "
+            f"{fmt} format needs whole groups: quantize with a group size that divides it "
+            "(64 or 32 for the default model)"
+        )
+
+
+# --- compressed-tensors pack-quantized ------------------------------------------------------
+
+def ct_tensors(name: str, c: LinearCodes, dtype: torch.dtype, sym: bool) -> dict[str, torch.Tensor]:
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    require_whole_groups(name, c, "compressed-tensors")
+    offset = 1 << (c.bits - 1)
+    out = {f"{name}.weight_packed": pack_to_int32((c.codes - offset).to(torch.int8), c.bits),
+           f"{name}.weight_scale": c.scales.T.contiguous().to(dtype),
+           f"{name}.weight_shape": torch.tensor(list(c.codes.shape), dtype=torch.int64)}
+    if not sym:
+        zp = (c.zeros.T.contiguous() - offset).to(torch.int8)
+        out[f"{name}.weight_zero_point"] = pack_to_int32(zp, c.bits, packed_dim=0)
+    elif not bool((c.zeros == offset).all()):
+        raise CheckpointError(f"{name}: a symmetric scheme needs zero points of {offset}")
+    if not c.contiguous_groups:
+        out[f"{name}.weight_g_idx"] = c.g_idx.to(torch.int32)
+    return out
+
+
+def ct_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: int) -> LinearCodes:
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    shape = torch.Size(int(v) for v in state[f"{name}.weight_shape"])
+    offset = 1 << (bits - 1)
+    codes = unpack_from_int32(state[f"{name}.weight_packed"], bits, shape).to(torch.int64) + offset
+    scales = state[f"{name}.weight_scale"].T.contiguous()
+    groups = scales.shape[0]
+    if f"{name}.weight_zero_point" in state:
+        zp = unpack_from_int32(state[f"{name}.weight_zero_point"], bits,
+                               torch.Size((shape[0], groups)), packed_dim=0)
+        zeros = zp.to(torch.int64).T.contiguous() + offset
+    else:
+        zeros = torch.full((groups, shape[0]), offset, dtype=torch.int64)
+    g = shape[1] if group_size == -1 else group_size
+    g_idx = state.get(f"{name}.weight_g_idx", torch.arange(shape[1]) // g)
+    return LinearCodes(codes, zeros, scales, g_idx.to(torch.int32), bits, group_size)
+
+
+def ct_config(bits: int, group_size: int, sym: bool, actorder: bool,
+              ignore: list[str]) -> dict[str, Any]:
+    weights = {"num_bits": bits, "type": "int", "symmetric": sym, "dynamic": False,
+               "strategy": "channel" if group_size == -1 else "group",
+               "group_size": None if group_size == -1 else group_size,
+               "actorder": "group" if actorder else None, "observer": "minmax"}
+    return {"quant_method": "compressed-tensors", "format": CT_FORMAT,
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": None,
+                                          "output_activations": None, "format": CT_FORMAT}},
+            "ignore": ignore, "kv_cache_scheme": None}
+
+
+def ct_scheme(qcfg: dict[str, Any]) -> tuple[int, int, list[str], list[str]]:
+    """(bits, group size, targets, ignore) of a pack-quantized config qcal can read."""
+    if qcfg.get("format") != CT_FORMAT:
+        raise CheckpointError(f"compressed-tensors format {qcfg.get('format')!r} is not supported; "
+                              f"qcal reads {CT_FORMAT!r}")
+    groups = list((qcfg.get("config_groups") or {}).values())
+    if len(groups) != 1 or not groups[0].get("weights"):
+        raise CheckpointError("qcal reads compressed-tensors checkpoints with one weight-only "
+                              "config group")
+    w = groups[0]["weights"]
+    if w.get("type") != "int" or groups[0].get("input_activations"):
+        raise CheckpointError("qcal reads integer weight-only compressed-tensors checkpoints")
+    group = -1 if w.get("strategy") == "channel" else int(w["group_size"])
+    return int(w["num_bits"]), group, list(groups[0].get("targets") or []), qcfg.get("ignore") or []
+
+
+# --- AWQ GEMM ---------------------------------------------------------------------------
+
+def _awq_pack(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """[rows, out] codes -> int32 [rows, out/8], 8 columns a word in AWQ_ORDER."""
+    rows, cols = values.shape
+    grouped = values.to(torch.int64).reshape(rows, cols // 8, 8)[:, :, list(AWQ_ORDER)]
+    shifts = torch.arange(8, dtype=torch.int64) * bits
+    words = (grouped << shifts).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _awq_unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
+    shifts = torch.arange(8, dtype=torch.int64) * bits
+    fields = (words.to(torch.int64).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    inverse = [AWQ_ORDER.index(j) for j in range(8)]
+    return fields[:, :, inverse].reshape(words.shape[0], -1)
+
+
+def awq_tensors(name: str, c: LinearCodes) -> dict[str, torch.Tensor]:
+    require_whole_groups(name, c, "AWQ GEMM")
+    if c.bits != 4 or not c.contiguous_groups:
+        raise CheckpointError(f"{name}: the AWQ GEMM layout holds 4-bit weights with contiguous "
+                              "groups (no act-order); use --format gptq or compressed-tensors")
+    return {f"{name}.qweight": _awq_pack(c.codes.T.contiguous(), c.bits),
+            f"{name}.qzeros": _awq_pack(c.zeros, c.bits),
+            f"{name}.scales": c.scales.to(torch.float16)}
+
+
+def awq_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: int) -> LinearCodes:
+    codes = _awq_unpack(state[f"{name}.qweight"], bits).T.contiguous()
+    zeros = _awq_unpack(state[f"{name}.qzeros"], bits)
+    n_in = codes.shape[1]
+    g = n_in if group_size == -1 else group_size
+    return LinearCodes(codes, zeros, state[f"{name}.scales"], (torch.arange(n_in) // g).to(torch.int32),
+                       bits, group_size)
+
+
+def awq_config(bits: int, group_size: int) -> dict[str, Any]:
+    return {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True,
+            "version": "gemm", "modules_to_not_convert": None}
