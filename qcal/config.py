@@ -21,16 +21,17 @@ SUPPORTED_BITS = (2, 3, 4, 8)
 class QuantScheme:
     """The integer grid: bit width, group size along in_features (-1 = per channel), symmetry.
 
-    When the group size does not divide in_features (SmolLM2's 576, say), the last
-    group is smaller ("ragged"), as the GPTQ layout allows through g_idx and as
-    AutoGPTQ/GPTQModel's torch kernels accept. `strict_groups` turns that case into
-    an error instead, for targets whose kernels need whole groups (vLLM's Marlin).
+    A group size that does not divide in_features (128 on SmolLM2's 576, say) is an
+    error by default: vLLM's Marlin kernels, torch's CPU int4 op, compressed-tensors and
+    the AWQ layout all need whole groups. `allow_ragged` accepts it with a smaller last
+    group, as the GPTQ layout allows through g_idx and as qcal's and GPTQModel's torch
+    kernels accept. `qcal quantize` picks a dividing size by default (`auto_group_size`).
     """
 
     bits: int = 4
     group_size: int = 128
     sym: bool = False
-    strict_groups: bool = False
+    allow_ragged: bool = False
 
     def __post_init__(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -54,12 +55,14 @@ class QuantScheme:
                 "use a smaller group size or -1 (per channel)"
             )
         if in_features % self.group_size:
-            if self.strict_groups:
+            if not self.allow_ragged:
                 divisors = [g for g in (32, 64, 128, 256) if in_features % g == 0]
                 hint = f"use one of {divisors} or -1" if divisors else "use -1 (per channel)"
                 raise ConfigError(
                     f"group_size={self.group_size} does not divide in_features={in_features} "
-                    f"of {name}; {hint}, or drop --strict-groups to allow a smaller last group"
+                    f"of {name}; {hint} (or omit --group-size for the largest that fits), or "
+                    "pass --allow-ragged-groups for a smaller last group (loads in qcal and "
+                    "GPTQModel's torch kernel, not in Marlin or the CPU int4 op)"
                 )
             return -(-in_features // self.group_size)
         return in_features // self.group_size
@@ -213,9 +216,22 @@ def to_json(cfg: Any) -> str:
     return json.dumps({"type": type(cfg).__name__, **to_dict(cfg)}, indent=2, sort_keys=True)
 
 
+SAFE_GROUP_SIZES = (128, 64, 32)
+
+
+def auto_group_size(in_features: set[int] | list[int]) -> int:
+    """The largest of 128/64/32 that divides every in_features, else -1 (per channel)."""
+    for group in SAFE_GROUP_SIZES:
+        if all(n % group == 0 for n in in_features):
+            return group
+    return -1
+
+
 def from_dict(cls: type[C], data: dict[str, Any]) -> C:
     """Rebuild a (possibly nested) config dataclass; unknown keys are an error."""
     data = {k: v for k, v in data.items() if k != "type"}
+    if cls is QuantScheme and "strict_groups" in data:  # before ragged groups became opt-in
+        data["allow_ragged"] = not data.pop("strict_groups")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = set(data) - set(fields)
     if unknown:

@@ -161,7 +161,7 @@ def quantize_model_dir(
     }
     log = {"losses": losses, **meta, **(extra_log or {})}
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),
-                                     "README.md": model_card(meta, fmt, str(src), command)}
+                                     "README.md": model_card(log, fmt, str(src), command)}
     artifact = Path(opts.work_dir) / AWQ_ARTIFACT if opts.work_dir is not None else None
     if method == "awq" and artifact is not None and artifact.is_file():
         # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.

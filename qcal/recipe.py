@@ -47,6 +47,7 @@ class QuantRecipe:
     eval: EvalConfig | None = None
     format: str = "gptq"  # checkpoint format: gptq, compressed-tensors or awq
     command: str | None = None  # the command line that made the recipe, for the model card
+    notes: tuple[str, ...] = ()  # choices made for the user (e.g. the automatic group size)
 
     def __post_init__(self) -> None:
         from qcal.packing.checkpoint import FORMATS
@@ -91,7 +92,7 @@ class QuantRecipe:
                 "model": self.model, "output": self.output, "device": self.device,
                 "trust_remote_code": self.trust_remote_code,
                 "eval": config_to_dict(self.eval) if self.eval is not None else None,
-                "format": self.format, "command": self.command}
+                "format": self.format, "command": self.command, "notes": list(self.notes)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantRecipe:
@@ -106,7 +107,8 @@ class QuantRecipe:
                    device=data.get("device", "auto"),
                    trust_remote_code=bool(data.get("trust_remote_code", False)),
                    eval=config_from_dict(EvalConfig, data["eval"]) if data.get("eval") else None,
-                   format=data.get("format", "gptq"), command=data.get("command"))
+                   format=data.get("format", "gptq"), command=data.get("command"),
+                   notes=tuple(data.get("notes") or ()))
 
 
 @dataclasses.dataclass
@@ -180,7 +182,8 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
                               progress=progress)
             log = quantize_model_dir(model_dir, recipe.method_name, recipe.method, out, calib_ids,
                                      manifest, opts, trust_remote_code=recipe.trust_remote_code,
-                                     extra_log={"recipe": recipe.to_dict(), "recipe_key": key},
+                                     extra_log={"recipe": recipe.to_dict(), "recipe_key": key,
+                                                "notes": list(recipe.notes)},
                                      fmt=recipe.format, command=recipe.command)
     evaluation = None
     if recipe.eval is not None:

@@ -15,10 +15,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", default=None, help="local HF model dir (default: embedded model)")
     p.add_argument("--method", default="rtn", help="rtn, gptq or awq")
     p.add_argument("--bits", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=128, help="-1 for per-channel")
+    p.add_argument("--group-size", default="auto",
+                   help="weights per scale along in_features; -1 per channel; default auto: the "
+                        "largest of 128/64/32 that divides every quantized in_features")
     p.add_argument("--sym", action="store_true", help="symmetric grid (default asymmetric)")
+    p.add_argument("--allow-ragged-groups", action="store_true",
+                   help="accept a group size that does not divide in_features (smaller last group; "
+                        "GPTQ layout only, not for Marlin, the CPU int4 op, compressed-tensors, AWQ)")
     p.add_argument("--strict-groups", action="store_true",
-                   help="refuse group sizes that do not divide in_features (no ragged last group)")
+                   help=argparse.SUPPRESS)  # the default now; kept so old commands still run
     p.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
     p.add_argument("--static-groups", action="store_true", help="GPTQ: precompute group grids")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ damp_percent")
@@ -70,8 +75,8 @@ def make_config(args: argparse.Namespace) -> Any:
     from qcal.errors import ConfigError
     from qcal.recipe import method_config
 
-    scheme = QuantScheme(bits=args.bits, group_size=args.group_size, sym=args.sym,
-                         strict_groups=args.strict_groups)
+    scheme = QuantScheme(bits=args.bits, group_size=_group_size(args), sym=args.sym,
+                         allow_ragged=args.allow_ragged_groups)
     options: dict[str, Any] = {}
     for flag, (method, field, default) in METHOD_FLAGS.items():
         value = getattr(args, flag)
@@ -82,6 +87,29 @@ def make_config(args: argparse.Namespace) -> Any:
                               f"--method {method}")
         options[field] = (not value) if flag == "no_clip" else value
     return method_config(args.method, scheme, **options)
+
+
+def _group_size(args: argparse.Namespace) -> int:
+    """--group-size as an int; `auto` resolved against the model (and said on stderr)."""
+    import sys
+
+    from qcal.errors import ConfigError
+
+    if str(args.group_size) != "auto":
+        try:
+            return int(args.group_size)
+        except ValueError:
+            raise ConfigError(f"--group-size {args.group_size!r} is not a number; give e.g. 64, "
+                              "-1 (per channel) or auto") from None
+    from qcal.model.loading import resolve_model_dir
+    from qcal.model.shapes import default_group_size
+
+    if getattr(args, "resolved_group", None) is None:
+        group, why = default_group_size(resolve_model_dir(args.model, args.trust_remote_code),
+                                        args.trust_remote_code)
+        print(f"qcal quantize: {why}", file=sys.stderr)
+        args.resolved_group, args.group_choice = group, why
+    return args.resolved_group
 
 
 def make_recipe(args: argparse.Namespace) -> Any:
@@ -105,7 +133,8 @@ def make_recipe(args: argparse.Namespace) -> Any:
     return QuantRecipe(method=make_config(args), calib=calib, model=args.model,
                        output=str(args.output) if args.output else None, device=args.device,
                        trust_remote_code=args.trust_remote_code, eval=evaluation,
-                       format=args.format, command=getattr(args, "command_line", None))
+                       format=args.format, command=getattr(args, "command_line", None),
+                       notes=tuple(n for n in [getattr(args, "group_choice", None)] if n))
 
 
 def run(args: argparse.Namespace) -> int:

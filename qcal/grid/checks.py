@@ -26,7 +26,9 @@ def validate_grid(spec: GridSpec, trust_remote_code: bool = False) -> None:
         model_dir = resolve_model_dir(model, trust_remote_code)
         for bits in spec.values("bits"):
             for group in spec.values("group_size"):
-                scheme = QuantScheme(bits, group)
+                if group == "auto":
+                    continue  # resolved per model to a size that divides
+                scheme = QuantScheme(bits, group, allow_ragged=spec.allow_ragged_groups)
                 _check_scheme(scheme, model_dir, trust_remote_code)
     _check_eval(spec)
 
@@ -58,18 +60,10 @@ def _check_selectors(spec: GridSpec) -> None:
 
 
 def _check_scheme(scheme: QuantScheme, model_dir: Path, trust_remote_code: bool) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from qcal.model.shapes import quantized_in_features
 
-    from qcal.pipeline import validate_scheme
-
-    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True,
-                                        trust_remote_code=trust_remote_code)
-    if hasattr(config, "quantization_config"):
-        raise ConfigError(f"{model_dir} is already quantized; a grid starts from the float model")
-    with torch.device("meta"):  # shapes only: no weights are read or allocated
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    validate_scheme(skeleton, scheme)
+    for n in quantized_in_features(str(model_dir.resolve()), trust_remote_code):
+        scheme.groups_for(n, f"a quantized linear of {model_dir.name} (in_features={n})")
 
 
 def _check_eval(spec: GridSpec) -> None:

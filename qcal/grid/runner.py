@@ -65,7 +65,10 @@ class GridRunner:
         current = dataclasses.asdict(self.spec)
         if spec_file.is_file():
             # Compared as specs, so a field added since (with its default) or renamed is no change.
-            saved = grid_from_dict(json.loads(spec_file.read_text())["spec"])
+            raw = json.loads(spec_file.read_text())["spec"]
+            # Grids saved before the field existed allowed ragged groups implicitly.
+            raw.setdefault("allow_ragged_groups", True)
+            saved = grid_from_dict(raw)
             if saved != self.spec:
                 raise ConfigError(
                     f"{self.results_root} holds a different grid; choose another --name "

@@ -34,7 +34,9 @@ class GridSpec:
     selectors: tuple[str, ...] = ("random", "zipf")
     methods: tuple[str, ...] = ("rtn", "gptq")
     bits: int | tuple[int, ...] = 4
-    group_size: int | tuple[int, ...] = 128
+    # "auto": per model, the largest of 128/64/32 that divides every quantized in_features.
+    group_size: int | str | tuple[int | str, ...] = "auto"
+    allow_ragged_groups: bool = False  # a group size that does not divide: smaller last group
     sym: bool | tuple[bool, ...] = False
     desc_act: bool | tuple[bool, ...] = False  # GPTQ act-order; ignored by the other methods
     # Further config fields per method, e.g. {"gptq": {"damp_percent": 0.02}}: every field
@@ -73,7 +75,8 @@ class GridSpec:
                 raise ConfigError(f"grid axis {axis} is an empty list; give at least one value")
         for bits in self.values("bits"):
             for group in self.values("group_size"):
-                QuantScheme(bits, group)  # an unusable width or group size fails here
+                if group != "auto":
+                    QuantScheme(bits, group)  # an unusable width or group size fails here
         if any(n < 1 for n in self.values("nsamples")):
             raise ConfigError(f"nsamples {self.values('nsamples')} must all be >= 1")
 
@@ -90,8 +93,14 @@ class GridSpec:
         return dict(cell.axes).get(axis, self.values(axis)[0])
 
     def cell_scheme(self, cell: Cell) -> QuantScheme:
-        return QuantScheme(self.setting(cell, "bits"), self.setting(cell, "group_size"),
-                           self.setting(cell, "sym"))
+        group = self.setting(cell, "group_size")
+        if group == "auto":
+            from qcal.model.loading import resolve_model_dir
+            from qcal.model.shapes import default_group_size
+
+            group = default_group_size(resolve_model_dir(self.setting(cell, "model")))[0]
+        return QuantScheme(self.setting(cell, "bits"), group, self.setting(cell, "sym"),
+                           allow_ragged=self.allow_ragged_groups)
 
     @property
     def scheme(self) -> QuantScheme:

@@ -59,6 +59,7 @@ def model_card(meta: dict[str, Any], fmt: str, base_model: str, command: str | N
         *_calibration_lines(meta.get("calibration")),
         f"- Format: {LOADING.get(fmt, fmt)}",
         f"- Quantization time: {meta.get('quantize_seconds')} s",
+        *[f"- Note: {note}" for note in meta.get("notes") or ()],
     ]
     if command:
         lines.append(f"- Command: `{command}`")

@@ -132,9 +132,27 @@ def test_cli_format_export_and_model_card(tiny_model_dir: Path, tmp_path: Path,
     assert "compressed-tensors" in (tmp_path / "awq" / "quant_log.json").read_text()
     capsys.readouterr()
     assert main(["quantize", "--model", str(tiny_model_dir), "--group-size", "48", "--format", "awq",
-                 "-o", str(tmp_path / "ragged")]) == 2
+                 "--allow-ragged-groups", "-o", str(tmp_path / "ragged")]) == 2
     err = capsys.readouterr().err
     assert "needs whole groups" in err and not (tmp_path / "ragged").exists()
     assert main(["export", "--model", str(tiny_model_dir), "--format", "awq",
                  "-o", str(tmp_path / "x")]) == 2
     assert "not a quantized checkpoint" in capsys.readouterr().err
+
+
+def test_default_group_size_divides_every_linear(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    from qcal.model.tiny import build_tiny_llama
+
+    model = build_tiny_llama(tmp_path / "m", hidden=192, intermediate=384, heads=4, kv_heads=2)
+    out = tmp_path / "ckpt"
+    assert main(["quantize", "--model", str(model), "-o", str(out)]) == 0
+    assert "group size 64: the largest of 128/64/32 that divides" in capsys.readouterr().err
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qcfg["group_size"] == 64
+    assert "group size 64" in (out / "README.md").read_text()
+    assert main(["quantize", "--model", str(model), "--group-size", "128", "-o",
+                 str(tmp_path / "x")]) == 2
+    assert "--allow-ragged-groups" in capsys.readouterr().err
+    assert main(["quantize", "--model", str(model), "--group-size", "128",
+                 "--allow-ragged-groups", "-o", str(tmp_path / "ragged")]) == 0

@@ -105,7 +105,7 @@ def test_unknown_model_path_is_a_clear_error(tmp_path: Path,
 
 def test_group_size_that_does_not_divide_is_rejected(tiny_model_dir: Path,
                                                      tmp_path: Path) -> None:
-    cfg = RTNConfig(QuantScheme(4, 96, strict_groups=True))
+    cfg = RTNConfig(QuantScheme(4, 96))
     with pytest.raises(ConfigError, match="group_size=96 does not divide in_features=128"):
         quantize_model_dir(tiny_model_dir, "rtn", cfg, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -41,7 +41,7 @@ def _round_trip(net: torch.nn.Module, tok, out: Path, ids: torch.Tensor, cfg: GP
 def test_ragged_groups_with_act_order(tiny_model_dir: Path, ids: torch.Tensor, tmp_path: Path) -> None:
     """group 96 on in_features 128 (like 128 on SmolLM2's 576): 2 groups, the last of 32."""
     net, tok, _ = load_model(tiny_model_dir)
-    cfg = GPTQConfig(QuantScheme(4, 96, sym=False), desc_act=True)
+    cfg = GPTQConfig(QuantScheme(4, 96, sym=False, allow_ragged=True), desc_act=True)
     run_gptq(net, cfg, ids[:8], QUIET)
     qc, state = _round_trip(net, tok, tmp_path / "ragged", ids[8:], cfg)
     assert qc["group_size"] == 96 and qc["desc_act"] is True

@@ -182,7 +182,7 @@ def test_clip_search_never_worse_than_no_clip(group: int) -> None:
     w = torch.randn(24, 96)
     w[:, 5] *= 8  # an outlier weight per row: worth clipping
     x = torch.randn(256, 96)
-    scheme = QuantScheme(3, group)
+    scheme = QuantScheme(3, group, allow_ragged=True)
     max_val = awq.search_clip(w, x, scheme, out_batch=10)
     groups = scheme.groups_for(96)
     assert max_val.shape == (24, groups)

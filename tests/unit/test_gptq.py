@@ -54,7 +54,7 @@ def test_gptq_loss_never_exceeds_rtn(shape: tuple[int, int, int], correlated: bo
     w = torch.randn(out_f, in_f, generator=torch.Generator().manual_seed(seed + 100))
     for bits, group, sym, act in [(4, 32, False, False), (4, -1, True, True), (3, 64, False, True),
                                   (2, 32, True, False), (8, -1, False, False), (4, 64, True, True)]:
-        scheme = QuantScheme(bits, group, sym)
+        scheme = QuantScheme(bits, group, sym, allow_ragged=True)
         result = gptq_quantize(w, h, GPTQConfig(scheme, desc_act=act))
         rtn = hessian_loss(w, rtn_quantize(w, scheme).dequantize(), h)
         assert result.loss is not None and result.loss <= rtn, (bits, group, sym, act)
@@ -71,7 +71,7 @@ def test_diagonal_hessian_reduces_to_rtn(group: int, sym: bool) -> None:
     torch.manual_seed(0)
     w = torch.randn(24, 160)
     h = torch.diag(torch.rand(160) + 0.1)
-    scheme = QuantScheme(4, group, sym)
+    scheme = QuantScheme(4, group, sym, allow_ragged=True)
     result = gptq_quantize(w, h, GPTQConfig(scheme))
     assert torch.equal(result.codes, _rtn_fp16(w, scheme))
     # Per channel, act-order only reorders columns: the codes must still be RTN's.

@@ -46,7 +46,7 @@ def test_all_zero_rows_stay_zero() -> None:
 def test_ragged_last_group_matches_per_group_reference() -> None:
     torch.manual_seed(0)
     w = torch.randn(16, 576)
-    scheme = QuantScheme(4, 128, sym=False)
+    scheme = QuantScheme(4, 128, sym=False, allow_ragged=True)
     res = rtn_quantize(w, scheme)
     assert res.scales.shape == (5, 16)
     assert res.g_idx.tolist() == [k // 128 for k in range(576)]
@@ -56,10 +56,19 @@ def test_ragged_last_group_matches_per_group_reference() -> None:
     torch.testing.assert_close(res.dequantize()[:, 512:], expected)
 
 
-def test_strict_groups_rejects_group_that_does_not_divide() -> None:
-    scheme = QuantScheme(4, 128, strict_groups=True)
+def test_group_that_does_not_divide_is_refused_unless_ragged_is_allowed() -> None:
     with pytest.raises(ConfigError, match=r"does not divide in_features=576 of q_proj.*32, 64"):
-        scheme.groups_for(576, "q_proj")
+        QuantScheme(4, 128).groups_for(576, "q_proj")
+    assert QuantScheme(4, 128, allow_ragged=True).groups_for(576, "q_proj") == 5
+
+
+def test_auto_group_size_and_the_old_strict_flag() -> None:
+    from qcal.config import auto_group_size, from_dict
+
+    assert auto_group_size([576, 1536]) == 64 and auto_group_size([1024, 4096]) == 128
+    assert auto_group_size([576, 100]) == -1
+    assert from_dict(QuantScheme, {"bits": 4, "group_size": 128, "sym": False,
+                                   "strict_groups": False}).allow_ragged is True
 
 
 @pytest.mark.parametrize("kwargs", [{"bits": 5}, {"group_size": 0}, {"group_size": -3}])

@@ -102,7 +102,7 @@ def test_contiguous_group_size_detection() -> None:
 
 def quant_linear(k: int, n: int, group: int, bias: bool = False, bits: int = 4) -> QuantLinear:
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(1))
-    res = rtn_quantize(w, QuantScheme(bits, group))
+    res = rtn_quantize(w, QuantScheme(bits, group, allow_ragged=True))
     b = torch.randn(n) if bias else None
     return QuantLinear.from_result(res, b).eval()
 
