@@ -147,7 +147,34 @@ def _disk_full(err: OSError, target: Path) -> QcalError:
 
 
 def _tmp_sibling(target: Path) -> str:
-    return f".{target.name}{TMP_INFIX}"
+    # Host and pid in the name: cleanup can tell a live writer's temp file from a dead one's.
+    return f".{target.name}{TMP_INFIX}{_HOST}-{os.getpid()}-"
+
+
+_HOST = re.sub(r"[^A-Za-z0-9]", "", os.uname().nodename)[:32] or "host"
+STALE_FOREIGN_SECONDS = 24 * 3600
+
+
+def _writer_is_gone(stale: Path, infix: str) -> bool:
+    """True unless the temp entry belongs to a process that may still be writing it."""
+    import time
+
+    tail = stale.name.split(infix, 1)[-1]
+    host, _, rest = tail.partition("-")
+    pid_text = rest.split("-", 1)[0]
+    try:
+        old = time.time() - stale.lstat().st_mtime > STALE_FOREIGN_SECONDS
+    except OSError:
+        return False
+    if host != _HOST or not pid_text.isdigit():
+        return old  # another machine (shared disk) or an old name: only long-abandoned ones
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return old  # alive (or the pid was reused): stale only when long abandoned
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
@@ -193,7 +220,7 @@ def write_dir_atomically(out_dir: Path | str, fill: Callable[[Path], None], kind
         fill(tmp)
         tmp.chmod(0o777 & ~_umask())  # mkdtemp creates 0700
         if out_dir.exists() or out_dir.is_symlink():
-            old = out_dir.with_name(f".{out_dir.name}{OLD_INFIX}{os.getpid()}")
+            old = out_dir.with_name(f".{out_dir.name}{OLD_INFIX}{_HOST}-{os.getpid()}-x")
             out_dir.rename(old)
             tmp.rename(out_dir)
             _remove(old)
@@ -224,6 +251,8 @@ def clean_stale_siblings(target: Path | str) -> list[Path]:
         for stale in target.parent.glob(f".{glob_escape(target.name)}{infix}*"):
             if stale.is_dir() and not stale.is_symlink() and read_marker(stale) is None:
                 continue  # not a directory qcal made: leave it
+            if not _writer_is_gone(stale, infix):
+                continue  # a live writer's (another shard or worker): not stale
             _remove(stale)
             removed.append(stale)
     return removed
@@ -239,6 +268,8 @@ def clean_stale_tree(root: Path | str) -> list[Path]:
         for stale in root.rglob(f".*{infix}*"):
             if stale.is_dir() and not stale.is_symlink() and read_marker(stale) is None:
                 continue
+            if not _writer_is_gone(stale, infix):
+                continue
             _remove(stale)
             removed.append(stale)
     return removed
@@ -249,14 +280,16 @@ def glob_escape(text: str) -> str:
 
 
 @contextlib.contextmanager
-def exclusive_lock(lock_file: Path | str, busy_message: str) -> Iterator[None]:
-    """Hold an advisory lock on `lock_file` (created if needed); a second holder gets
-    ConfigError(busy_message). The lock dies with the process, so a kill never leaves it."""
+def exclusive_lock(lock_file: Path | str, busy_message: str = "", wait: bool = False
+                   ) -> Iterator[None]:
+    """Hold an advisory lock on `lock_file` (created if needed). A second holder gets
+    ConfigError(busy_message), or with `wait` blocks until the first is done. The lock
+    dies with the process, so a kill never leaves it behind."""
     lock_file = Path(lock_file)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_file, "a+") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise ConfigError(busy_message) from None
         try:

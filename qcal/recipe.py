@@ -20,6 +20,7 @@ from qcal.config import AWQConfig, CalibConfig, EvalConfig, GPTQConfig, QuantSch
 from qcal.config import from_dict as config_from_dict
 from qcal.config import to_dict as config_to_dict
 from qcal.errors import ConfigError
+from qcal.fsio import exclusive_lock
 
 MethodConfig = RTNConfig | GPTQConfig | AWQConfig
 METHOD_CONFIGS: dict[str, type] = {c.__name__: c for c in (RTNConfig, GPTQConfig, AWQConfig)}
@@ -129,15 +130,17 @@ def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
     cfg = recipe.calib
     assert cfg is not None
     options = {"device": device} if cfg.selector.startswith(("perplexity", "ppl")) else {}
-    path = None
-    if cache is not None:
-        key = fingerprint("calib", cfg, tokenizer_info(tokenizer)["fingerprint"])
-        path = cache.path("calib", cfg.selector, key)
+    if cache is None:
+        return resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
+                             seed=cfg.seed, selector=cfg.selector, **options)
+    key = fingerprint("calib", cfg, tokenizer_info(tokenizer)["fingerprint"])
+    path = cache.path("calib", cfg.selector, key)
+    # Shards and workers that need the same set wait for the one that builds it.
+    with exclusive_lock(path.parent / f".{path.name}.lock", wait=True):
         if (path / "manifest.json").is_file():
             return load_calib_set(path)
-    calib = resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
-                          seed=cfg.seed, selector=cfg.selector, **options)
-    if path is not None:
+        calib = resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
+                              seed=cfg.seed, selector=cfg.selector, **options)
         save_calib_set(calib, path)
     return calib
 

@@ -34,6 +34,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--results-dir", type=Path, default=None)
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run only every N-th cell from the I-th (0-based), e.g. one task of a "
+                        "SLURM array: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")
     p.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, in worker processes sharing the CPU threads")
     p.set_defaults(handler=run_compare)
@@ -59,6 +62,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def _shard(text: str | None) -> tuple[int, int] | None:
+    from qcal.errors import ConfigError
+
+    if text is None:
+        return None
+    index, _, count = text.partition("/")
+    if not (index.strip().isdigit() and count.strip().isdigit()):
+        raise ConfigError(f"--shard {text!r} is not I/N (e.g. 0/4)")
+    return int(index), int(count)
+
+
 def run_compare(args: argparse.Namespace) -> int:
     from qcal.grid import GridRunner, grid_from_dict, load_grid_config
     from qcal.grid.report import render_report
@@ -69,7 +83,7 @@ def run_compare(args: argparse.Namespace) -> int:
             else grid_from_dict(overrides))
     results_root = (args.results_dir or results_dir()) / spec.name
     runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs,
-                        device=args.device)
+                        device=args.device, shard=_shard(args.shard))
     runner.run()
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")

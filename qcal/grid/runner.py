@@ -39,9 +39,14 @@ class GridRunner:
     """Runs a grid under `results_root` (tables) and `work_root` (calib sets, checkpoints)."""
 
     def __init__(self, spec: GridSpec, results_root: Path, work_root: Path,
-                 progress: bool = True, jobs: int = 1, device: str = "auto") -> None:
+                 progress: bool = True, jobs: int = 1, device: str = "auto",
+                 shard: tuple[int, int] | None = None) -> None:
         if jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        if shard is not None and not 0 <= shard[0] < shard[1]:
+            raise ConfigError(f"--shard {shard[0]}/{shard[1]} is out of range: use I/N with "
+                              "0 <= I < N")
+        self.shard = shard
         self.spec, self.progress, self.jobs = spec, progress, jobs
         self.device = resolve_device(device)
         self.results_root, self.work_root = Path(results_root), Path(work_root)
@@ -51,8 +56,16 @@ class GridRunner:
     def cell_path(self, cell: Cell) -> Path:
         return self.cells_dir / f"{cell.key}.json"
 
+    def mine(self) -> list[Cell]:
+        """This runner's cells: all, or with --shard I/N every N-th cell from the I-th."""
+        cells = plan_cells(self.spec)
+        if self.shard is None:
+            return cells
+        index, count = self.shard
+        return cells[index::count]
+
     def pending(self) -> list[Cell]:
-        return [c for c in plan_cells(self.spec) if not self.cell_path(c).is_file()]
+        return [c for c in self.mine() if not self.cell_path(c).is_file()]
 
     def _clean_stale(self) -> None:
         # A kill during an atomic write leaves only qcal's hidden temp siblings behind;
@@ -137,17 +150,19 @@ class GridRunner:
             return self._run_locked()
 
     def _exclusive(self) -> contextlib.AbstractContextManager[None]:
-        """One runner per grid: two would compute the same cells into the same files."""
+        """One runner per grid (per shard): two would compute the same cells into the same files."""
+        suffix = f"-shard{self.shard[0]}of{self.shard[1]}" if self.shard else ""
         return exclusive_lock(
-            self.results_root / ".lock",
-            f"another `qcal compare` is running the grid in {self.results_root}; wait for it "
-            "to finish (the lock goes away with its process), or use another --name")
+            self.results_root / f".lock{suffix}",
+            f"another `qcal compare` is running the grid in {self.results_root}"
+            f"{' (this shard)' if self.shard else ''}; wait for it to finish (the lock goes away "
+            "with its process), or use another --name")
 
     def _run_locked(self) -> dict[str, Any]:
         self._clean_stale()
         self._write_spec()
         todo = self.pending()
-        cells = plan_cells(self.spec)
+        cells = self.mine()
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="grid",
                    disable=not self.progress)
         if self.jobs > 1 and len(todo) > 1:

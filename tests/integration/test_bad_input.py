@@ -89,6 +89,21 @@ def home(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) 
     return x
 
 
+def fsio_host() -> str:
+    from qcal import fsio
+
+    return fsio._HOST
+
+
+def dead_writer() -> str:
+    """`<host>-<pid>` of a process that has exited, as a killed qcal leaves in temp names."""
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return f"{fsio_host()}-{proc.pid}"
+
+
 def gptq_args(x: Path, out: Path, *extra: str) -> list[str]:
     return ["quantize", "--model", x / "mymodel", "--method", "gptq", "--group-size", "32",
             "--calib", x / "calib.txt", "--nsamples", "4", "--seqlen", "32", "-o", out, *extra]
@@ -194,10 +209,12 @@ def test_stale_cleanup_touches_only_qcal_files(tmp_path: Path) -> None:
     users[0].write_text("mine")
     users[1].mkdir()
     (users[1] / "f").write_text("mine")
-    ours = root / ".cell.json.qcal-tmp-123"
+    ours = root / f".cell.json.qcal-tmp-{dead_writer()}-a1"
     ours.write_text("{")
+    live = root / f".other.json.qcal-tmp-{fsio_host()}-{os.getpid()}-b2"  # a writer still at work
+    live.write_text("{")
     clean_stale_tree(root)
-    assert all(p.exists() for p in users) and not ours.exists()
+    assert all(p.exists() for p in users) and not ours.exists() and live.exists()
 
     def killed(tmp: Path) -> None:
         raise KeyboardInterrupt  # stands in for a kill during the final save
@@ -207,7 +224,7 @@ def test_stale_cleanup_touches_only_qcal_files(tmp_path: Path) -> None:
         write_dir_atomically(out, killed, "checkpoint")
     assert not out.exists()
     # A real kill would leave the marked temp dir: make one and let the next run clean it.
-    stale = tmp_path / ".ckpt.qcal-tmp-abc"
+    stale = tmp_path / f".ckpt.qcal-tmp-{dead_writer()}-abc"
     stale.mkdir()
     (stale / ".qcal-output.json").write_text('{"written_by": "qcal", "kind": "checkpoint"}')
     assert clean_stale_siblings(out) == [stale] and not stale.exists()
@@ -215,7 +232,7 @@ def test_stale_cleanup_touches_only_qcal_files(tmp_path: Path) -> None:
 
 def test_next_run_removes_its_stale_temp_dir(cli: Cli, home: Path) -> None:
     out = home / "ckpt"
-    stale = home / ".ckpt.qcal-tmp-x1"
+    stale = home / f".ckpt.qcal-tmp-{dead_writer()}-x1"
     stale.mkdir()
     (stale / ".qcal-output.json").write_text('{"written_by": "qcal", "kind": "checkpoint"}')
     (stale / "model.safetensors").write_bytes(b"partial")

@@ -231,7 +231,7 @@ def test_sigkill_mid_grid_then_restart_keeps_finished_cells(tiny_model_dir: Path
     assert after == ["float.json", "none__rtn.json", "random__gptq.json", "zipf__gptq.json"]
     for name, blob in before.items():
         assert (cells_dir / name).read_bytes() == blob, f"{name} was recomputed"
-    assert not list((tmp_path / "res").rglob(".*.tmp-*"))
+    assert not list((tmp_path / "res").rglob(".*qcal-tmp-*"))
 
 
 def test_axes_expand_cells_and_keep_single_value_keys(tiny_model_dir: Path, texts) -> None:
@@ -271,3 +271,33 @@ def test_grid_over_seeds_and_models_runs_and_resumes(tiny_model_dir: Path, texts
     render_report(tmp_path / "r")
     again = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False)
     assert again.pending() == []
+
+
+def test_shards_split_the_grid_and_run_side_by_side(tiny_model_dir: Path, texts,
+                                                    tmp_path: Path) -> None:
+    """Two shard processes at once on one results folder (as a SLURM array runs them)."""
+    import os
+    import subprocess
+
+    from qcal.cli import command_prefix
+
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(
+        f"name: sharded\nmodel: {tiny_model_dir}\nselectors: [random, zipf]\n"
+        f"methods: [rtn, gptq]\ngroup_size: 32\nsource: {texts[0]}\nnsamples: 4\nseqlen: 32\n"
+        f"eval_seqlen: 32\nmax_windows: 2\neval_text_file: {texts[1]}\n")
+    env = {**os.environ, "QCAL_RUNS_DIR": str(tmp_path / "runs")}
+    procs = [subprocess.Popen([*command_prefix(), "compare", "--config", str(cfg), "--shard",
+                               f"{i}/2", "--results-dir", str(tmp_path / "res")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    cells = sorted(p.stem for p in (tmp_path / "res" / "sharded" / "cells").glob("*.json"))
+    assert cells == ["float", "none__rtn", "random__gptq", "zipf__gptq"]
+    spec = spec_for(tiny_model_dir, texts)
+    halves = [GridRunner(spec, tmp_path, tmp_path, shard=(i, 2)).mine() for i in range(2)]
+    assert sorted(c.key for h in halves for c in h) == sorted(cells) and all(halves)
+    with pytest.raises(ConfigError, match="out of range"):
+        GridRunner(spec, tmp_path, tmp_path, shard=(2, 2))
