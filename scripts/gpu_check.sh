@@ -39,10 +39,30 @@ timeout 330 "$PY" -m pytest -q -m gpu tests/gpu -p no:cacheprovider --maxfail=20
   2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 
+echo "== vLLM on a compressed-tensors export (only where vllm and lm_eval are installed)"
+vllm_rc=0
+if "$PY" -c "import vllm, lm_eval" 2>/dev/null; then
+  "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/vllm.log"
+import subprocess, sys
+from pathlib import Path
+from qcal.model.tiny import build_tiny_llama
+out = Path(sys.argv[1])
+model = build_tiny_llama(out / "vllm-tiny", hidden=256, intermediate=512)
+run = lambda *a: subprocess.run([sys.executable, "-m", "qcal", *a], check=True)
+run("quantize", "--model", str(model), "--format", "compressed-tensors", "--sym",
+    "-o", str(out / "vllm-ct"))
+run("eval", "--backend", "vllm", "--model", str(out / "vllm-ct"), "--tasks",
+    "qcal_nextsent_en", "--limit", "20")
+PYEOF
+  vllm_rc=${PIPESTATUS[0]}
+else
+  echo "vllm or lm_eval not installed on this machine: the vLLM check is skipped" | tee "$OUT/vllm.log"
+fi
+
 echo "== GPU benchmark"
 timeout 200 "$PY" scripts/bench_kernels.py --part gpu --out "$OUT/kernels" \
   --merge results/kernels.json 2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 
-echo "tests rc=$tests_rc bench rc=$bench_rc; outputs in $OUT: $(ls "$OUT" | tr '\n' ' ')"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+echo "tests rc=$tests_rc vllm rc=$vllm_rc bench rc=$bench_rc; outputs in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+[ "$tests_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -37,6 +37,9 @@ def add_parser(sub: Any) -> None:
                    help="confidence metrics (ECE, Brier, NLL, ...) and a reliability diagram")
     p.add_argument("--ece-bins", type=int, default=15)
     p.add_argument("--list-tasks", action="store_true", help="list the local tasks and exit")
+    p.add_argument("--backend", default="hf", choices=("hf", "vllm"),
+                   help="hf: qcal's loader and kernels (default); vllm: lm-eval's vLLM backend on "
+                        "the checkpoint directory (GPU machines with vLLM; --tasks only)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: CUDA "
                    "when present)")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                      ece_bins=args.ece_bins)
     outcome = run_evaluation(args.model, cfg, base=args.base, text_file=args.text,
                              include_paths=args.include_path,
-                             trust_remote_code=args.trust_remote_code, device=args.device)
+                             trust_remote_code=args.trust_remote_code, device=args.device,
+                             backend=args.backend)
     from qcal.errors import NumericalError
     from qcal.eval.job import non_finite_metrics
 

@@ -175,19 +175,33 @@ def extract_items(samples: list[dict[str, Any]], config: dict[str, Any]) -> list
     return sorted(out, key=lambda r: r.doc_id)
 
 
+def vllm_lm(model_dir: Path | str, batch_size: int) -> Any:
+    """lm-eval's vLLM backend on a checkpoint directory (GPU machines with vLLM installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise TaskError("--backend vllm needs the vllm package, which is not installed here (it "
+                        "needs a CUDA GPU): `pip install vllm` on a GPU machine, or use --backend hf")
+    from lm_eval.models.vllm_causallms import VLLM
+
+    return VLLM(pretrained=str(model_dir), batch_size=batch_size, trust_remote_code=False)
+
+
 def run_tasks(
-    model: nn.Module, tokenizer: Any, tasks: Sequence[str], tm: Any, batch_size: int = 16,
+    model: nn.Module | Any, tokenizer: Any, tasks: Sequence[str], tm: Any, batch_size: int = 16,
     limit: int | None = None, num_fewshot: int | None = None, desc: str = "",
 ) -> HarnessRun:
-    """lm_eval.simple_evaluate on `model` (already in memory); items kept per task."""
+    """lm_eval.simple_evaluate on `model` (in memory, or an lm-eval LM such as `vllm_lm`);
+    items kept per task."""
     offline_env()
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
     if desc:
         print(f"lm-eval [{desc}]: {', '.join(tasks)}", flush=True)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
-              device=str(next(model.parameters()).device))
+    lm = model if not isinstance(model, nn.Module) else HFLM(
+        pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+        device=str(next(model.parameters()).device))
     try:
         out = simple_evaluate(model=lm, tasks=list(tasks), task_manager=tm, limit=limit,
                               num_fewshot=num_fewshot, log_samples=True, bootstrap_iters=1000,

@@ -144,13 +144,17 @@ def _calibration(cfg: EvalConfig, items: dict[str, dict[str, list[ItemRecord]]],
 def run_evaluation(
     model: str | Path | None, cfg: EvalConfig, base: str | Path | None = None,
     text_file: Path | None = None, include_paths: Sequence[Path | str] = (), progress: bool = True,
-    trust_remote_code: bool = False, device: str = "auto",
+    trust_remote_code: bool = False, device: str = "auto", backend: str = "hf",
 ) -> EvalOutcome:
     """Measure `model` (float dir or qcal checkpoint), and its drift from `base` if given."""
     from qcal.devices import resolve_device
     from qcal.model.loading import load_model, resolve_model_dir
 
     device = resolve_device(device)  # a device that is not there fails before anything else
+    if backend not in ("hf", "vllm"):
+        raise ConfigError(f"--backend {backend!r} is unknown; use hf (default) or vllm")
+    if backend == "vllm":
+        return _run_vllm(model, cfg, include_paths, base, trust_remote_code)
     tm, tasks = None, []
     if cfg.tasks:  # resolve tasks and check item files before any model loads
         from qcal.eval.harness import resolve_tasks, task_manager
@@ -206,6 +210,26 @@ def run_evaluation(
             if drift:
                 data["drift"] = drift
     return EvalOutcome(data, token_nll, items)
+
+
+def _run_vllm(model: str | Path | None, cfg: EvalConfig, include_paths: Sequence[Path | str],
+              base: str | Path | None, trust_remote_code: bool) -> EvalOutcome:
+    """lm-eval tasks through vLLM on the checkpoint directory (no perplexity, no drift)."""
+    from qcal.eval.harness import resolve_tasks, run_tasks, task_manager, vllm_lm
+    from qcal.model.loading import load_tokenizer, resolve_model_dir
+
+    if cfg.ppl or not cfg.tasks or base is not None:
+        raise ConfigError("--backend vllm runs lm-eval --tasks only; perplexity and drift "
+                          "(--base) run on the hf backend")
+    model_dir = resolve_model_dir(model, trust_remote_code)
+    tm = task_manager(include_paths, cfg.tasks)
+    tasks = resolve_tasks(cfg.tasks, tm, include_paths)
+    run = run_tasks(vllm_lm(model_dir, cfg.task_batch_size), load_tokenizer(model_dir), tasks, tm,
+                    cfg.task_batch_size, cfg.limit, cfg.num_fewshot, desc="vllm")
+    data = {"model": describe_model(model_dir), "base": None,
+            "settings": {**to_dict(cfg), "backend": "vllm"},
+            "lm_eval": {"tasks": tasks, "results": {"model": run.metrics}, "info": run.info}}
+    return EvalOutcome(data, {}, {"model": run.items})
 
 
 def non_finite_metrics(data: dict[str, Any]) -> list[str]:

@@ -186,3 +186,15 @@ def test_uncached_hub_dataset_fails_before_loading(tiny_model_dir: Path, tmp_pat
     err = capsys.readouterr().err
     assert rc == 2 and "qcal-tests/never-published" in err and "local HF cache" in err
     assert "Traceback" not in err
+
+
+def test_vllm_backend_needs_vllm_and_tasks(tiny_model_dir: Path,
+                                           capsys: pytest.CaptureFixture) -> None:
+    import importlib.util
+
+    assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--ppl"]) == 2
+    assert "--tasks only" in capsys.readouterr().err
+    if importlib.util.find_spec("vllm") is None:
+        assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--tasks",
+                     "qcal_nextsent_en"]) == 2
+        assert "needs the vllm package" in capsys.readouterr().err
