@@ -75,7 +75,8 @@ def _result(pieces: list[torch.Tensor], n_windows: int, seqlen: int, mode: str
     nll = torch.cat(pieces)
     total = float(nll.double().sum())
     return PerplexityResult(ppl=math.exp(total / nll.numel()), nll_sum=total, tokens=nll.numel(),
-                            windows=n_windows, seqlen=seqlen, mode=mode, token_nll=nll)
+                            windows=n_windows, seqlen=seqlen, mode=mode, token_nll=nll,
+                            window_tokens=[p.numel() for p in pieces])
 
 
 @torch.no_grad()

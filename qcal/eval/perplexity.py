@@ -31,11 +31,20 @@ class PerplexityResult:
     seqlen: int
     mode: str
     token_nll: torch.Tensor  # float32 [tokens] in scoring order, for per-sample comparisons
+    window_tokens: list[int] = dataclasses.field(default_factory=list)  # scored tokens per window
+
+    def window_nll(self) -> list[float]:
+        """Summed NLL of each window: the unit paired tests resample (qcal.eval.stats)."""
+        if not self.window_tokens:
+            return []
+        return [round(float(w.double().sum()), 6)
+                for w in torch.split(self.token_nll, self.window_tokens)]
 
     def summary(self) -> dict[str, Any]:
         return {"ppl": self.ppl, "nll": self.nll_sum / max(self.tokens, 1),
                 "tokens": self.tokens, "windows": self.windows, "seqlen": self.seqlen,
-                "mode": self.mode}
+                "mode": self.mode, "window_nll": self.window_nll(),
+                "window_tokens": list(self.window_tokens)}
 
 
 def tokenize_text(tokenizer: Any, text: str) -> torch.Tensor:
@@ -107,7 +116,7 @@ def perplexity_of_ids(
     return PerplexityResult(
         ppl=math.exp(total / token_nll.numel()), nll_sum=total, tokens=token_nll.numel(),
         windows=len(spans), seqlen=seqlen, mode="fixed" if stride is None else f"stride{stride}",
-        token_nll=token_nll,
+        token_nll=token_nll, window_tokens=[p.numel() for p in pieces],
     )
 
 

@@ -197,8 +197,12 @@ def render_report(results_root: Path, title: str | None = None) -> dict[str, Any
                   markdown_table(["cell", "task", *keys],
                                  [[r["cell"], r["task"], *[r.get(k, "-") for k in keys]]
                                   for r in rows], ".4f")]
+    from qcal.grid.evidence import evidence_markdown
+
+    evidence_parts, evidence = evidence_markdown(cells, spec["selectors"][0])
+    parts += evidence_parts
     parts += [f"![{p}]({p})" for p in plots]
     data = {"provenance": prov, "spec": spec, "perplexity": table, "confidence": rows,
-            "plots": plots}
+            "plots": plots, "evidence": evidence}
     write_results(results_root / "report", data, "\n\n".join(parts))
     return data

@@ -301,3 +301,18 @@ def test_shards_split_the_grid_and_run_side_by_side(tiny_model_dir: Path, texts,
     assert sorted(c.key for h in halves for c in h) == sorted(cells) and all(halves)
     with pytest.raises(ConfigError, match="out of range"):
         GridRunner(spec, tmp_path, tmp_path, shard=(2, 2))
+
+
+def test_report_has_seed_intervals_and_paired_tests(tiny_model_dir: Path, texts,
+                                                    tmp_path: Path) -> None:
+    spec = spec_for(tiny_model_dir, texts, seed=(0, 1), methods=("gptq",), max_windows=6)
+    GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
+    data = render_report(tmp_path / "r")
+    intervals = data["evidence"]["seed_intervals"]
+    assert {(r["selector"], r["n"]) for r in intervals} == {("random", 2), ("zipf", 2)}
+    tests = data["evidence"]["selector_tests"]
+    assert len(tests) == 2 and {t["a"] for t in tests} == {"zipf"}  # one per seed
+    pooled = tests[0]["pooled"]
+    assert pooled["units"] == 6 and pooled["ci_low"] <= pooled["delta"] <= pooled["ci_high"]
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Paired tests: each selector vs random" in md and "95% CI" in md

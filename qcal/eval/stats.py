@@ -1,0 +1,108 @@
+"""Statistics that turn a comparison into evidence: confidence intervals across seeds and
+paired tests between two settings scored on the same evaluation units.
+
+- `mean_ci`: mean and a Student-t 95% interval over independent runs (calibration seeds).
+- `paired_ppl_test`: two models' summed NLL on the same evaluation windows; a paired
+  bootstrap over windows gives the perplexity difference, its 95% interval and a
+  two-sided p-value; Cohen's d_z of the per-window mean-NLL differences is the effect size.
+- `paired_mean_test`: the same for per-item values (accuracy as 0/1, gold-answer
+  confidence), plus the paired t-test.
+
+Pure functions of numbers: no model, no files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+DEFAULT_BOOTSTRAP = 10_000
+LEVEL = 0.95
+
+
+def mean_ci(values: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
+    """Mean, sample sd and the t-interval half-width of independent runs (n >= 2)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        raise ValueError("mean_ci needs at least one value")
+    mean = float(x.mean())
+    if n == 1:
+        return {"mean": mean, "sd": None, "half_width": None, "low": None, "high": None, "n": 1}
+    sd = float(x.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n))
+    return {"mean": mean, "sd": sd, "half_width": half, "low": mean - half, "high": mean + half,
+            "n": n}
+
+
+def _bootstrap_p(deltas: np.ndarray, observed: float) -> float:
+    """Two-sided p-value of 'no difference' from bootstrap deltas (percentile method)."""
+    if observed == 0:
+        return 1.0
+    crossing = np.mean(deltas <= 0) if observed > 0 else np.mean(deltas >= 0)
+    return float(min(1.0, 2 * crossing + 1 / (deltas.size + 1)))
+
+
+def cohens_dz(diff: np.ndarray) -> float | None:
+    sd = float(diff.std(ddof=1)) if diff.size > 1 else 0.0
+    return float(diff.mean() / sd) if sd > 0 else None
+
+
+def paired_ppl_test(nll_a: Sequence[float], tokens_a: Sequence[int], nll_b: Sequence[float],
+                    tokens_b: Sequence[int], n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0,
+                    level: float = LEVEL) -> dict[str, Any]:
+    """Is model A's perplexity different from B's on the same windows?
+
+    `nll_*` are per-window summed NLLs, `tokens_*` the scored tokens per window (equal for
+    A and B: the same windows). delta = ppl_A - ppl_B; negative means A is better.
+    """
+    a, b = np.asarray(nll_a, dtype=np.float64), np.asarray(nll_b, dtype=np.float64)
+    ta, tb = np.asarray(tokens_a, dtype=np.float64), np.asarray(tokens_b, dtype=np.float64)
+    if a.shape != b.shape or not np.array_equal(ta, tb) or a.size == 0:
+        raise ValueError("a paired test needs both models scored on the same windows")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(n_boot, a.size))
+    tok = ta[idx].sum(1)
+    boot = np.exp(a[idx].sum(1) / tok) - np.exp(b[idx].sum(1) / tok)
+    ppl_a, ppl_b = math.exp(a.sum() / ta.sum()), math.exp(b.sum() / ta.sum())
+    delta = ppl_a - ppl_b
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return {"ppl_a": ppl_a, "ppl_b": ppl_b, "delta": delta, "relative": delta / ppl_b,
+            "ci_low": float(lo), "ci_high": float(hi), "p": _bootstrap_p(boot, delta),
+            "effect_dz": cohens_dz(a / ta - b / tb), "units": int(a.size),
+            "significant": bool(lo > 0 or hi < 0)}
+
+
+def paired_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAULT_BOOTSTRAP,
+                     seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
+    """Paired bootstrap and t-test of mean(a) - mean(b) over the same items."""
+    from scipy import stats
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError("a paired test needs the same items on both sides")
+    diff = x - y
+    rng = np.random.default_rng(seed)
+    boot = diff[rng.integers(0, diff.size, size=(n_boot, diff.size))].mean(1)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    delta = float(diff.mean())
+    t = stats.ttest_rel(x, y) if diff.size > 1 and diff.std() > 0 else None
+    return {"mean_a": float(x.mean()), "mean_b": float(y.mean()), "delta": delta,
+            "ci_low": float(lo), "ci_high": float(hi), "p_bootstrap": _bootstrap_p(boot, delta),
+            "p_ttest": float(t.pvalue) if t is not None else None,
+            "effect_dz": cohens_dz(diff), "units": int(diff.size),
+            "significant": bool(lo > 0 or hi < 0)}
+
+
+def verdict(test: dict[str, Any], better_when_lower: bool = True) -> str:
+    """'A better (p=...)', 'B better (p=...)' or 'no significant difference (p=...)'."""
+    p = test.get("p", test.get("p_bootstrap"))
+    if not test["significant"]:
+        return f"no significant difference (p={p:.3g})"
+    a_better = (test["delta"] < 0) == better_when_lower
+    return f"{'A' if a_better else 'B'} better (p={p:.3g})"

@@ -1,0 +1,119 @@
+"""The statistics section of a grid report: means with 95% CIs across calibration seeds,
+and paired tests between calibration settings on the same evaluation windows.
+
+Cells are matched by everything but the axis being compared: two selectors are compared
+within one method, model, seed and scheme; seeds are pooled within one selector/method.
+Cells computed before per-window NLLs were recorded cannot be tested and are listed so.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from qcal.eval.stats import mean_ci, paired_ppl_test, verdict
+from qcal.results import markdown_table
+
+
+def _windows(rec: dict[str, Any]) -> dict[str, tuple[list[float], list[int]]]:
+    ppl = ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
+    return {lang: (row["window_nll"], row["window_tokens"]) for lang, row in ppl.items()
+            if row.get("window_nll")}
+
+
+def _ppl(rec: dict[str, Any]) -> dict[str, float]:
+    ppl = ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
+    return {lang: float(row["ppl"]) for lang, row in ppl.items()}
+
+
+def _group_key(rec: dict[str, Any], without: str) -> tuple:
+    axes = {k: v for k, v in (rec.get("axes") or {}).items() if k != without}
+    selector = None if without == "selector" else rec.get("selector")
+    return (rec.get("method"), selector, tuple(sorted(axes.items())))
+
+
+def seed_intervals(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (method, selector, other axes) and language: mean ppl and its 95% CI over seeds."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for rec in cells.values():
+        if rec.get("method") is not None and "seed" in (rec.get("axes") or {}):
+            groups[_group_key(rec, "seed")].append(rec)
+    rows = []
+    for (method, selector, axes), recs in groups.items():
+        langs = sorted(set.intersection(*(set(_ppl(r)) for r in recs)))
+        for lang in langs:
+            ci = mean_ci([_ppl(r)[lang] for r in recs])
+            rows.append({"method": method, "selector": selector, "axes": dict(axes),
+                         "lang": lang, **ci})
+    return rows
+
+
+def selector_tests(cells: dict[str, dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """Each selector vs `baseline` on the same windows (pooled over languages, and per
+    language): paired bootstrap of the perplexity difference."""
+    groups: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for rec in cells.values():
+        if rec.get("selector") is not None:
+            groups[_group_key(rec, "selector")][rec["selector"]] = rec
+    out = []
+    for (method, _, axes), by_selector in groups.items():
+        base = by_selector.get(baseline)
+        if base is None:
+            continue
+        for selector, rec in by_selector.items():
+            if selector == baseline:
+                continue
+            a, b = _windows(rec), _windows(base)
+            row: dict[str, Any] = {"method": method, "axes": dict(axes), "a": selector,
+                                   "b": baseline}
+            langs = sorted(set(a) & set(b))
+            if not langs:
+                row["note"] = "no per-window NLLs recorded (cell computed before they were)"
+                out.append(row)
+                continue
+            pooled_a = [x for lang in langs for x in a[lang][0]]
+            pooled_b = [x for lang in langs for x in b[lang][0]]
+            tokens = [x for lang in langs for x in a[lang][1]]
+            row["pooled"] = paired_ppl_test(pooled_a, tokens, pooled_b, tokens)
+            row["per_language"] = {lang: paired_ppl_test(a[lang][0], a[lang][1], b[lang][0],
+                                                         b[lang][1]) for lang in langs}
+            out.append(row)
+    return out
+
+
+def evidence_markdown(cells: dict[str, dict[str, Any]], baseline: str) -> tuple[list[str], dict]:
+    """Markdown parts and JSON data of the statistics section."""
+    parts: list[str] = []
+    intervals = seed_intervals(cells)
+    if intervals:
+        parts += ["## Across calibration seeds (mean and 95% CI, Student t)",
+                  markdown_table(["method", "selector", "other axes", "lang", "n", "mean ppl",
+                                  "95% CI"],
+                                 [[r["method"], r["selector"] or "-", r["axes"] or "-", r["lang"],
+                                   r["n"], r["mean"],
+                                   "-" if r["half_width"] is None else
+                                   f"[{r['low']:.2f}, {r['high']:.2f}]"] for r in intervals],
+                                 ".2f")]
+    tests = selector_tests(cells, baseline)
+    if tests:
+        rows = []
+        for t in tests:
+            if "pooled" not in t:
+                rows.append([t["method"], t["axes"] or "-", f"{t['a']} vs {t['b']}", "-", "-", "-",
+                             "-", t["note"]])
+                continue
+            p = t["pooled"]
+            wins = [v for v in t["per_language"].values() if v["significant"]]
+            a_wins = sum(v["delta"] < 0 for v in wins)
+            rows.append([t["method"], t["axes"] or "-", f"{t['a']} vs {t['b']}",
+                         f"{p['delta']:+.3f}", f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]",
+                         f"{p['p']:.3g}", "-" if p["effect_dz"] is None else f"{p['effect_dz']:.2f}",
+                         f"{verdict(p)}; per language: A better in {a_wins}, B better in "
+                         f"{len(wins) - a_wins} of {len(t['per_language'])}"])
+        parts += [f"## Paired tests: each selector vs {baseline} (same windows)",
+                  "Δppl = ppl(A) - ppl(B) on the pooled evaluation windows (negative: A better); "
+                  "95% CI and two-sided p from 10,000 paired bootstrap resamples of windows; "
+                  "effect size d_z of the per-window mean-NLL differences.",
+                  markdown_table(["method", "other axes", "A vs B", "Δppl", "95% CI", "p", "d_z",
+                                  "verdict"], rows)]
+    return parts, {"seed_intervals": intervals, "selector_tests": tests}

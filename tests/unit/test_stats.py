@@ -1,0 +1,61 @@
+"""Confidence intervals and paired tests on data with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qcal.eval.stats import mean_ci, paired_mean_test, paired_ppl_test, verdict
+
+pytestmark = pytest.mark.unit
+
+
+def test_mean_ci_matches_the_t_interval() -> None:
+    ci = mean_ci([10.0, 12.0, 14.0])
+    # mean 12, sd 2, t(0.975, 2) = 4.3027: half-width 4.3027 * 2 / sqrt(3)
+    assert ci["mean"] == 12.0 and ci["sd"] == pytest.approx(2.0)
+    assert ci["half_width"] == pytest.approx(4.302653 * 2 / math.sqrt(3), rel=1e-5)
+    assert mean_ci([5.0])["half_width"] is None
+
+
+def test_identical_models_are_not_different() -> None:
+    nll = list(np.random.default_rng(0).uniform(300, 400, size=40))
+    test = paired_ppl_test(nll, [100] * 40, nll, [100] * 40)
+    assert test["delta"] == 0 and not test["significant"] and test["p"] == 1.0
+
+
+def test_a_consistently_better_model_is_significant() -> None:
+    rng = np.random.default_rng(1)
+    b = rng.uniform(300, 400, size=40)
+    a = b - 5 - rng.uniform(0, 1, size=40)  # every window 5-6 nats lower in total
+    test = paired_ppl_test(list(a), [100] * 40, list(b), [100] * 40)
+    assert test["delta"] < 0 and test["significant"] and test["p"] < 0.01
+    assert test["ci_high"] < 0 and test["effect_dz"] < -2
+    assert test["ppl_a"] == pytest.approx(math.exp(a.sum() / 4000))
+    assert verdict(test).startswith("A better")
+
+
+def test_noise_without_a_shift_is_not_significant() -> None:
+    rng = np.random.default_rng(2)
+    b = rng.uniform(300, 400, size=30)
+    a = b + rng.normal(0, 5, size=30)
+    a = a - (a - b).mean()  # zero mean difference by construction
+    test = paired_ppl_test(list(a), [100] * 30, list(b), [100] * 30)
+    assert not test["significant"] and test["p"] > 0.2
+
+
+def test_paired_mean_test_on_items() -> None:
+    a = [1, 1, 1, 0, 1, 1, 1, 1, 0, 1] * 5
+    b = [0, 1, 0, 0, 1, 0, 1, 0, 0, 1] * 5
+    test = paired_mean_test(a, b)
+    assert test["delta"] == pytest.approx(0.4) and test["significant"]
+    assert test["p_ttest"] < 1e-4
+    with pytest.raises(ValueError, match="same items"):
+        paired_mean_test([1, 0], [1])
+
+
+def test_paired_test_refuses_different_windows() -> None:
+    with pytest.raises(ValueError, match="same windows"):
+        paired_ppl_test([1.0, 2.0], [10, 10], [1.0, 2.0], [10, 11])
