@@ -167,8 +167,10 @@ def quantize_model_dir(
         # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.
         extra[f"artifacts/{AWQ_ARTIFACT}"] = artifact.read_bytes()
     # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
-    save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
-                    fields=spec.checkpoint_fields(config), meta=meta, extra_files=extra, fmt=fmt)
+    if opts.dist.is_main:  # under torchrun every rank holds the same result; one writes it
+        save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
+                        fields=spec.checkpoint_fields(config), meta=meta, extra_files=extra,
+                        fmt=fmt)
     return log
 
 

@@ -10,6 +10,7 @@ them too, so the chain exists once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ from qcal.config import from_dict as config_from_dict
 from qcal.config import to_dict as config_to_dict
 from qcal.errors import ConfigError
 from qcal.fsio import exclusive_lock
+from qcal.model.distributed import from_env
 
 MethodConfig = RTNConfig | GPTQConfig | AWQConfig
 METHOD_CONFIGS: dict[str, type] = {c.__name__: c for c in (RTNConfig, GPTQConfig, AWQConfig)}
@@ -174,27 +176,53 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
     key = recipe.checkpoint_key(model_dir)
     log = finished_checkpoint(out, key) if reuse else None
     reused = log is not None
+    dist = from_env(device)
+    if dist.active and recipe.method_name == "awq":
+        raise ConfigError("AWQ under torchrun is not supported yet (its activation statistics "
+                          "and block losses are not reduced across ranks); run it in one process")
     if log is None:
-        with guarded_output(out, model_dir, policy, expected_bytes(model_dir, recipe)) as work:
+        with contextlib.ExitStack() as stack:
+            work = _enter_output(stack, dist, lambda: guarded_output(
+                out, model_dir, policy, expected_bytes(model_dir, recipe)), out)
             calib_ids, manifest = None, None
             if recipe.uses_calibration():
                 tokenizer = load_tokenizer(model_dir, recipe.trust_remote_code)
                 calib = calibration_step(recipe, tokenizer, model_dir, cache, device)
                 calib_ids, manifest = calib.input_ids, calib.manifest
             opts = RunOptions(device=device, work_dir=work, resume=policy.resume,
-                              progress=progress)
+                              progress=progress, dist=dist)
             log = quantize_model_dir(model_dir, recipe.method_name, recipe.method, out, calib_ids,
                                      manifest, opts, trust_remote_code=recipe.trust_remote_code,
                                      extra_log={"recipe": recipe.to_dict(), "recipe_key": key,
-                                                "notes": list(recipe.notes)},
+                                                "notes": list(recipe.notes),
+                                                "processes": dist.world},
                                      fmt=recipe.format, command=recipe.command)
+            dist.barrier()  # rank 0 has saved; only then does it clean up the work dir
     evaluation = None
-    if recipe.eval is not None:
+    if recipe.eval is not None and dist.is_main:
         from qcal.eval.job import run_evaluation
 
         evaluation = run_evaluation(out, recipe.eval, progress=progress, device=device,
                                     trust_remote_code=recipe.trust_remote_code)
     return RecipeOutcome(out, log, evaluation, reused)
+
+
+def _enter_output(stack: contextlib.ExitStack, dist: Any, guard: Any, out: Path) -> Path:
+    """Rank 0 checks and locks the output; the others learn whether it may proceed."""
+    from qcal.pipeline import work_dir_for
+
+    failure: BaseException | None = None
+    work = work_dir_for(out)
+    if dist.is_main:
+        try:
+            work = stack.enter_context(guard())
+        except BaseException as err:  # noqa: BLE001  (re-raised below, after telling the ranks)
+            failure = err
+    if dist.all_reduce_min(0 if failure is not None else 1) == 0:
+        if failure is not None:
+            raise failure
+        raise ConfigError(f"rank 0 refused the output {out}; its message says why")
+    return work
 
 
 def expected_bytes(model_dir: Path, recipe: QuantRecipe) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N or auto (default: CUDA when present); layers visit it "
                         "one at a time")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel calibration in N processes (runs itself under torchrun: "
+                        "gloo on CPU, nccl on GPUs); GPTQ and RTN")
     p.add_argument("--resume", action="store_true", help="continue after the last finished layer")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output that qcal did not write (or start over "
@@ -107,7 +112,8 @@ def _group_size(args: argparse.Namespace) -> int:
     if getattr(args, "resolved_group", None) is None:
         group, why = default_group_size(resolve_model_dir(args.model, args.trust_remote_code),
                                         args.trust_remote_code)
-        print(f"qcal quantize: {why}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"qcal quantize: {why}", file=sys.stderr)
         args.resolved_group, args.group_choice = group, why
     return args.resolved_group
 
@@ -144,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.awq_artifact is not None:
         return _replay_awq(args)
+    if args.nproc > 1:
+        return _launch_torchrun(args)
     recipe = make_recipe(args)
     if recipe.uses_calibration():
         model_dir = resolve_model_dir(args.model, args.trust_remote_code)
@@ -154,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command "
                                "with --resume to continue")
     outcome = run_recipe(recipe, policy=OutputPolicy(args.overwrite, args.resume, args.keep_work))
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # under torchrun, rank 0 reports
     summary: dict[str, Any] = {"output": str(outcome.output), "method": recipe.method_name,
                                "quantize_seconds": outcome.log["quantize_seconds"]}
     if outcome.evaluation is not None:
@@ -178,6 +188,33 @@ def _float_vs_quantized(outcome: Any, recipe: Any) -> dict[str, Any]:
         table[lang] = {"float": round(ref["ppl"], 3), "quantized": round(row["ppl"], 3),
                        "tokens": row["tokens"], "windows": row["windows"]}
     return table
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """`qcal quantize --nproc N ...` = `torchrun --standalone --nproc_per_node N -m qcal
+    quantize ...` (the same arguments, without --nproc)."""
+    import subprocess
+    import sys
+
+    from qcal.errors import ConfigError
+
+    if os.environ.get("WORLD_SIZE"):
+        raise ConfigError("--nproc inside torchrun would launch torchrun again; drop --nproc")
+    argv = shlex.split(getattr(args, "command_line", ""))[1:]
+    rest, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token == "--nproc":
+            skip = True
+            continue
+        if token.startswith("--nproc="):
+            continue
+        rest.append(token)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={args.nproc}", "-m", "qcal", *rest]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def _card_with_evaluation(outcome: Any, recipe: Any, summary: dict[str, Any]) -> None:

@@ -19,8 +19,10 @@ from qcal.errors import ConfigError
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, arch_for
 from qcal.model.capture import LayerInputs, feed_linear_inputs
+from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.offload import DiskWeights
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
+from qcal.quant.base import QuantResult
 from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian
 
@@ -73,23 +75,70 @@ def fingerprint(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor, packed: 
 
 def quantize_layer_gptq(
     layer: nn.Module, inputs: LayerInputs, steps: tuple[tuple[str, ...], ...], cfg: GPTQConfig,
-    prefix: str = "", device: str = "cpu", packed: bool = True,
+    prefix: str = "", device: str = "cpu", packed: bool = True, dist: DistContext = SINGLE,
 ) -> dict[str, float | None]:
-    """Quantize one decoder layer in place; returns {linear name: hessian loss}."""
+    """Quantize one decoder layer in place; returns {linear name: hessian loss}.
+
+    Under torchrun each rank feeds its own calibration shard; the Hessians are summed
+    across ranks, each linear is quantized by its owner rank and broadcast to the others."""
     losses: dict[str, float | None] = {}
     for step in steps:
         for name in step:
             layer_linear(layer, name)  # fail early on a wrong ArchSpec
         sink = HessianSink(step)
         feed_linear_inputs(layer, inputs, step, sink, device)
-        for name in step:
+        _reduce_hessians(sink, dist)
+        owners = dist.owners([layer_linear(layer, n).in_features ** 2 for n in step])
+        for name, owner in zip(step, owners, strict=True):
             linear = layer_linear(layer, name)
-            result = gptq_quantize(linear.weight.data, sink.hessian(name), cfg,
-                                   name=f"{prefix}{name}")
+            result = None
+            if owner == dist.rank:
+                result = gptq_quantize(linear.weight.data, sink.hessian(name), cfg,
+                                       name=f"{prefix}{name}")
+            result = _share_result(result, linear, cfg, owner, dist)
             apply_result(layer, name, result, packed)
             losses[name] = result.loss
         del sink
     return losses
+
+
+def _reduce_hessians(sink: HessianSink, dist: DistContext) -> None:
+    """Running-mean Hessians of every rank's shard -> the Hessian of all windows."""
+    if not dist.active:
+        return
+    for owner in sorted(sink.hessians):
+        n = torch.tensor([float(sink.counts[owner])], dtype=torch.float64)
+        h = sink.hessians[owner]
+        total = h.mul_(sink.counts[owner])
+        dist.all_reduce_sum(total)
+        dist.all_reduce_sum(n)
+        sink.hessians[owner] = total.div_(float(n.item()))
+        sink.counts[owner] = int(n.item())
+
+
+def _share_result(result: QuantResult | None, linear: nn.Linear, cfg: GPTQConfig, owner: int,
+                  dist: DistContext) -> QuantResult:
+    """The owner's result on every rank (broadcast tensor by tensor, in a fixed protocol)."""
+    if not dist.active:
+        assert result is not None
+        return result
+    out_f, in_f = linear.weight.shape
+    groups = cfg.scheme.groups_for(in_f)
+    shapes = {"codes": (out_f, in_f), "scales": (groups, out_f), "zeros": (groups, out_f),
+              "g_idx": (in_f,)}
+    dtypes = {"codes": torch.int32, "scales": torch.float32, "zeros": torch.int32,
+              "g_idx": torch.int32}
+    parts = {}
+    for key, shape in shapes.items():
+        t = (getattr(result, key).detach().cpu().to(dtypes[key]).contiguous() if result is not None
+             else torch.empty(shape, dtype=dtypes[key]))
+        parts[key] = dist.broadcast(t, owner).to(linear.weight.device)
+    loss = torch.tensor([float("nan") if result is None or result.loss is None else result.loss],
+                        dtype=torch.float64)
+    dist.broadcast(loss, owner)
+    value = float(loss.item())
+    return QuantResult(parts["codes"], parts["scales"], parts["zeros"], parts["g_idx"], cfg.scheme,
+                       None if value != value else value)
 
 
 def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
@@ -97,6 +146,10 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
     """Quantize every linear of the model's ArchSpec with GPTQ; returns per-linear losses."""
     if calib is None or calib.numel() == 0:
         raise ConfigError("GPTQ needs calibration token ids; pass --calib with --nsamples > 0")
+    dist = opts.dist
+    if calib.shape[0] < dist.world:
+        raise ConfigError(f"{calib.shape[0]} calibration windows cannot be shared by "
+                          f"{dist.world} processes; use --nsamples >= {dist.world}")
     spec: ArchSpec = arch_for(model)
     steps = spec.sequential if cfg.true_sequential else (spec.linear_names,)
     store = ACT_DTYPES[cfg.act_dtype]
@@ -104,18 +157,21 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
 
     def one_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
         losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{spec.layers_path}.{index}.",
-                                     opts.device, opts.packed)
-        opts.log(f"gptq layer {index}: " + ", ".join(
-            f"{n.rsplit('.', 1)[-1]}={v:.4g}" for n, v in losses.items() if v is not None))
+                                     opts.device, opts.packed, dist)
+        if dist.is_main:
+            opts.log(f"gptq layer {index}: " + ", ".join(
+                f"{n.rsplit('.', 1)[-1]}={v:.4g}" for n, v in losses.items() if v is not None))
         return losses
 
     with torch.no_grad():
         logs = sequential_quantize(
-            model, spec, calib, one_layer, device=opts.device, batch_size=CALIB_BATCH,
-            progress=opts.progress, desc="gptq", work_dir=opts.work_dir, resume=opts.resume,
-            fingerprint=fingerprint(model, cfg, calib, opts.packed),
+            model, spec, dist.shard(calib), one_layer, device=opts.device, batch_size=CALIB_BATCH,
+            progress=opts.progress and dist.is_main, desc="gptq", work_dir=opts.work_dir,
+            resume=opts.resume,
+            fingerprint=fingerprint(model, cfg, calib, opts.packed) + f"-x{dist.world}",
             store_dtype=None if store == model_dtype else store,
             weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
+            dist=dist,
         )
     return {f"{spec.layers_path}.{index}.{name}": loss
             for index, per_layer in logs.items() for name, loss in per_layer.items()}

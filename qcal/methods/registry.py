@@ -19,6 +19,7 @@ from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
 from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
+from qcal.model.distributed import SINGLE, DistContext
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import QuantResult
 from qcal.registry import Registry
@@ -37,6 +38,8 @@ class RunOptions:
     # The float model dir the model was *just* loaded from, unchanged: calibration-based
     # methods may then re-read each layer from it instead of keeping the model resident.
     weights_dir: Path | None = None
+    # Data-parallel calibration under torchrun (one process: a no-op context).
+    dist: DistContext = SINGLE
 
 
 RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]

@@ -26,6 +26,7 @@ from qcal.errors import CheckpointError, ConfigError
 from qcal.fsio import atomic_write_bytes, atomic_write_text
 from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
+from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.offload import DiskWeights, return_freed_memory
 from qcal.packing.qlinear import QuantLinear
 
@@ -44,19 +45,30 @@ def _layer_file(work_dir: Path, index: int) -> Path:
     return work_dir / f"layer_{index:04d}.safetensors"
 
 
+def _hidden_file(work_dir: Path, dist: DistContext) -> Path:
+    return work_dir / (HIDDEN_FILE if not dist.active
+                       else HIDDEN_FILE.replace(".safetensors", f".rank{dist.rank}.safetensors"))
+
+
 def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerInputs,
-                   logs: dict[str, Any], fingerprint: str) -> None:
-    """Resume state as safetensors + JSON only: loading it can never run code."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    quant = {n: [m.in_features, m.out_features, m.bits, m.group_size, m.bias is not None]
-             for n, m in layer.named_modules() if isinstance(m, QuantLinear)}
-    state = {k: v.detach().contiguous().cpu() for k, v in layer.state_dict().items()}
-    atomic_write_bytes(_layer_file(work_dir, index),
-                       save(state, metadata={"quant": json.dumps(quant)}))
+                   logs: dict[str, Any], fingerprint: str, dist: DistContext) -> None:
+    """Resume state as safetensors + JSON only: loading it can never run code.
+
+    Order matters for a kill at any point: the layer, then progress, then the hidden
+    states tagged with their layer; resume takes the older of progress and hidden."""
+    if dist.is_main:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        quant = {n: [m.in_features, m.out_features, m.bits, m.group_size, m.bias is not None]
+                 for n, m in layer.named_modules() if isinstance(m, QuantLinear)}
+        state = {k: v.detach().contiguous().cpu() for k, v in layer.state_dict().items()}
+        atomic_write_bytes(_layer_file(work_dir, index),
+                           save(state, metadata={"quant": json.dumps(quant)}))
+        atomic_write_text(work_dir / PROGRESS_FILE,
+                          json.dumps({"done": index, "fingerprint": fingerprint, "logs": logs}))
+    dist.barrier()
     hidden = {f"hidden.{i}": h.contiguous() for i, h in enumerate(inputs.hidden)}
-    atomic_write_bytes(work_dir / HIDDEN_FILE, save(hidden))
-    atomic_write_text(work_dir / PROGRESS_FILE,
-                      json.dumps({"done": index, "fingerprint": fingerprint, "logs": logs}))
+    atomic_write_bytes(_hidden_file(work_dir, dist), save(hidden, metadata={"layer": str(index)}))
+    dist.barrier()
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -114,7 +126,8 @@ def read_progress(work_dir: Path) -> dict[str, Any] | None:
     return state
 
 
-def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str
+def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
+            dist: DistContext = SINGLE
             ) -> tuple[int, list[torch.Tensor] | None, dict[str, Any]]:
     state = read_progress(work_dir)
     if state is None:
@@ -128,13 +141,21 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str
     if not -1 <= done < len(layers):
         raise ResumeStateError(f"resume state file {work_dir / PROGRESS_FILE} names layer {done} "
                                f"of a {len(layers)}-layer model; start over with --overwrite")
+    hidden_file = _hidden_file(work_dir, dist)
+    saved, meta = _read_safetensors(hidden_file)
+    tagged = int(meta.get("layer", done))
+    # A kill between progress and hidden leaves the hidden states one layer behind.
+    if dist.all_reduce_min(tagged) != tagged or tagged not in (done, done - 1):
+        raise ResumeStateError(f"resume state in {work_dir} is inconsistent ({hidden_file.name} "
+                               f"is after layer {tagged}, progress after {done}); start over: "
+                               "run without --resume and with --overwrite")
+    done = tagged
     for i in range(done + 1):
         _restore_layer(layers[i], _layer_file(work_dir, i))
-    saved, _ = _read_safetensors(work_dir / HIDDEN_FILE)
     try:
         hidden = [saved[f"hidden.{i}"] for i in range(len(saved))]
     except KeyError:
-        raise ResumeStateError(f"resume state file {work_dir / HIDDEN_FILE} is incomplete; start "
+        raise ResumeStateError(f"resume state file {hidden_file} is incomplete; start "
                                "over: run without --resume and with --overwrite") from None
     return done, hidden, state.get("logs", {})
 
@@ -144,6 +165,7 @@ def sequential_quantize(
     device: str = "cpu", batch_size: int = 8, progress: bool = True, desc: str = "layers",
     work_dir: Path | None = None, resume: bool = False, fingerprint: str = "",
     store_dtype: torch.dtype | None = None, weights: DiskWeights | None = None,
+    dist: DistContext = SINGLE,
 ) -> dict[str, Any]:
     """Run `quantize_layer(index, layer, inputs)` over all decoder layers; returns its logs.
 
@@ -158,7 +180,7 @@ def sequential_quantize(
     start, hidden = 0, None
     return_freed_memory()
     if resume and work_dir is not None:
-        done, hidden, logs = _resume(work_dir, layers, fingerprint)
+        done, hidden, logs = _resume(work_dir, layers, fingerprint, dist)
         start = done + 1
     # The keyword inputs (rotary embeddings, masks) are the same for every layer and
     # cheap to recompute, so resume state stores only the hidden states.
@@ -181,7 +203,7 @@ def sequential_quantize(
         layers[index] = layer.to("cpu") if device != "cpu" else layer
         return_freed_memory()
         if work_dir is not None:
-            _save_progress(work_dir, index, layers[index], inputs, logs, fingerprint)
+            _save_progress(work_dir, index, layers[index], inputs, logs, fingerprint, dist)
         bar.update(1)
     bar.close()
     return logs
