@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # constraints.txt holds torch==2.13.0 so no dependency can pull a CUDA build.
-.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev,ray]"
 .venv/bin/python scripts/provision_models.py
 .venv/bin/python scripts/provision_data.py
 echo "qcal set-up complete: activate with '. .venv/bin/activate' or use .venv/bin/qcal"

@@ -37,6 +37,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run only every N-th cell from the I-th (0-based), e.g. one task of a "
                         "SLURM array: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")
+    p.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="local: this process (and --jobs workers); ray: each cell a Ray task "
+                        "(pip install qcal[ray]); cells are cached either way")
+    p.add_argument("--address", default=None,
+                   help="with --executor ray: the cluster to join (default: start a local one)")
     p.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, in worker processes sharing the CPU threads")
     p.set_defaults(handler=run_compare)
@@ -83,7 +88,8 @@ def run_compare(args: argparse.Namespace) -> int:
             else grid_from_dict(overrides))
     results_root = (args.results_dir or results_dir()) / spec.name
     runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs,
-                        device=args.device, shard=_shard(args.shard))
+                        device=args.device, shard=_shard(args.shard), executor=args.executor,
+                        address=args.address)
     runner.run()
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")

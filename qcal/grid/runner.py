@@ -40,7 +40,11 @@ class GridRunner:
 
     def __init__(self, spec: GridSpec, results_root: Path, work_root: Path,
                  progress: bool = True, jobs: int = 1, device: str = "auto",
-                 shard: tuple[int, int] | None = None) -> None:
+                 shard: tuple[int, int] | None = None, executor: str = "local",
+                 address: str | None = None) -> None:
+        if executor not in ("local", "ray"):
+            raise ConfigError(f"--executor {executor!r} is unknown; use local (default) or ray")
+        self.executor, self.address = executor, address
         if jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {jobs}")
         if shard is not None and not 0 <= shard[0] < shard[1]:
@@ -165,7 +169,14 @@ class GridRunner:
         cells = self.mine()
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="grid",
                    disable=not self.progress)
-        if self.jobs > 1 and len(todo) > 1:
+        if self.executor == "ray" and todo:
+            from qcal.grid.ray_executor import run_on_ray
+
+            for cell in todo:  # build every calibration set once, here (the cache dedups)
+                if cell.selector is not None:
+                    self.prepare_calibration(cell)
+            run_on_ray(self, todo, bar, self.address)
+        elif self.jobs > 1 and len(todo) > 1:
             self._run_parallel(todo, bar)
         for cell in todo:
             if self.cell_path(cell).is_file():  # done by a worker

@@ -1,0 +1,74 @@
+"""`qcal compare --executor ray`: each pending cell is a Ray task.
+
+The cell files stay the single source of truth: only the driver writes them (atomically),
+a task whose cell file already exists returns it instead of recomputing, and a task
+whose worker dies is retried by Ray (`max_retries`); resumable checkpoints and the
+waiting lock on shared calibration sets make a retry cheap and safe. On a GPU cluster a
+task asks for one GPU, elsewhere for one CPU. Ray is an optional extra
+(`pip install qcal[ray]`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from qcal.errors import ConfigError
+from qcal.grid.spec import Cell, GridSpec
+
+MAX_RETRIES = 2
+# Fault injection for the recovery test: the first task to see this file missing creates
+# it and kills its own worker process, as a lost node would.
+KILL_ONCE_ENV = "QCAL_RAY_KILL_FIRST_WORKER"
+
+
+def _ray_cell(spec: GridSpec, results_root: str, work_root: str, cell: Cell, device: str,
+              threads: int) -> dict[str, Any]:
+    """Runs in a Ray worker: the cell's record (read back if another worker finished it)."""
+    import torch
+
+    from qcal.grid.runner import GridRunner
+
+    done = Path(results_root) / "cells" / f"{cell.key}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    flag = os.environ.get(KILL_ONCE_ENV)
+    if flag and not Path(flag).exists():
+        Path(flag).write_text(str(os.getpid()))
+        os._exit(1)
+    torch.set_num_threads(threads)
+    return GridRunner(spec, Path(results_root), Path(work_root), progress=False,
+                      device=device).run_cell(cell)
+
+
+def run_on_ray(runner: Any, todo: list[Cell], bar: Any, address: str | None = None) -> None:
+    """Run `todo` as Ray tasks and record each finished cell through `runner`."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: `pip install qcal[ray]` (or use the default "
+                          "--executor local)") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+    try:
+        on_gpu = runner.device.startswith("cuda")
+        cpus = int(ray.available_resources().get("CPU", 1)) or 1
+        threads = 1 if on_gpu else max(1, (os.cpu_count() or 1) // max(1, min(cpus, len(todo))))
+        remote = ray.remote(_ray_cell).options(max_retries=MAX_RETRIES, retry_exceptions=False,
+                                               num_gpus=1 if on_gpu else 0, num_cpus=1)
+        refs = {remote.remote(runner.spec, str(runner.results_root), str(runner.work_root), cell,
+                              runner.device, threads): cell for cell in todo}
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            cell = refs.pop(ready[0])
+            record = ray.get(ready[0])  # a task's error surfaces here
+            if not runner.cell_path(cell).is_file():  # another driver may have finished it
+                runner._record(cell, record)
+            bar.update(1)
+    finally:
+        if started_here:
+            ray.shutdown()
