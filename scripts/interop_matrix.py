@@ -8,10 +8,10 @@ here; logits on fixed held-out English windows are compared with qcal's own floa
 of the GPTQ checkpoint (max |diff| / max |logit|, top-1 agreement). Writes
 results/interop.{json,md}.
 
-    python scripts/interop_matrix.py [--peer-python runs/peer-venv/bin/python]
+    python scripts/interop_matrix.py
 
-GPTQModel runs only with --peer-python (its own venv, see scripts/bench_gptq_vs_peer.py);
-vLLM needs a CUDA GPU and is listed as not run here.
+GPTQModel (its own venv) is measured by scripts/bench_gptq_vs_peer.py; vLLM needs a CUDA
+GPU and is listed as not run here.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main() -> None:
         "Not run here: vLLM (needs a CUDA GPU: `scripts/gpu_check.sh` is where it belongs) and "
         "GPTQModel (its own venv; results/gptq_vs_peer.md has its GPTQ-layout loads). "
         "transformers 5.24 reads the GPTQ layout only through GPTQModel/optimum (not installed "
-        "in qcal's environment by design) and the AWQ layout only with a GPU kernel package, so "
+        "in qcal's environment by design) and the AWQ layout only through GPTQModel too, so "
         "those rows record the refusal. compressed-tensors 0.20.1's default (compressed) path "
         "sizes asymmetric zero points unpacked and refuses asymmetric pack-quantized files "
         "(ours, llm-compressor's and vLLM's layout alike); its `dequantize=True` path reads them.",
