@@ -62,8 +62,9 @@ def grid_provenance(root: Path, cells: dict[str, Any], name: str) -> dict[str, A
     return provenance(
         f"qcal compare --config configs/{spec['name']}.yaml && python scripts/grid_tables.py {name}",
         model=spec.get("model") or f"default ({default_model_dir().name})",
-        calibration=f"{spec['source']} calib split, selector(s) {', '.join(spec['selectors'])}, "
-                    f"{spec['nsamples']} x {spec['seqlen']} tokens, seed {spec['seed']}",
+        calibration=(f"{spec['source']} calib split, selector(s) {', '.join(spec['selectors'])}, "
+                     f"{spec['nsamples']} x {spec['seqlen']} tokens, seed {spec['seed']}"
+                     if set(spec["methods"]) - {"rtn"} else "none (RTN uses no calibration data)"),
         evaluation=f"{spec['source']} held-out chapters, fixed {spec['eval_seqlen']}-token "
                    f"windows, cap {spec['max_windows'] or 'none (all windows)'}",
         cells_computed=f"{dates[0]} .. {dates[-1]}" if dates else "-",
@@ -144,7 +145,9 @@ def time_cli(method: str, spec: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         args = ["quantize", "--method", method, "--bits", str(spec["bits"]), "--group-size",
                 str(spec["group_size"]), "--nsamples", str(spec["nsamples"]), "--seqlen",
-                str(spec["seqlen"]), "-o", str(Path(tmp) / "ckpt")]
+                str(spec["seqlen"]),
+                *(["--allow-ragged-groups"] if spec.get("allow_ragged_groups", True) else []),
+                "-o", str(Path(tmp) / "ckpt")]
         run = timed_command([*command_prefix(), *args])
     run.pop("error_tail", None)
     return {"command": "qcal " + " ".join(args[:-2]), **run}
