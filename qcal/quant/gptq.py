@@ -79,18 +79,21 @@ def act_order_perm(hessian: torch.Tensor) -> torch.Tensor:
 
 
 def gptq_quantize(
-    weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str = "layer"
+    weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str = "layer",
+    with_loss: bool = True,
 ) -> QuantResult:
     """Quantize `weight` [out, in] against `hessian` [in, in] (from `accumulate_hessian`).
 
     Returns a QuantResult whose `loss` is `hessian_loss` of the final weights under the
-    undamped Hessian (mean squared output error over the calibration tokens).
+    undamped Hessian (mean squared output error over the calibration tokens); with
+    `with_loss=False` (the caller splits stacked rows and scores each part) it is None.
     """
     with _few_threads(weight.device):
-        return _gptq(weight, hessian, cfg, name)
+        return _gptq(weight, hessian, cfg, name, with_loss)
 
 
-def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str) -> QuantResult:
+def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str,
+          with_loss: bool) -> QuantResult:
     scheme = cfg.scheme
     out_f, in_f = weight.shape
     if tuple(hessian.shape) != (in_f, in_f):
@@ -138,7 +141,8 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
     assert scale_t.shape[0] == groups, (scale_t.shape, groups)
     result = QuantResult(codes.contiguous(), scale_t.contiguous(), zero_t.to(torch.int32),
                          g_idx, scheme)
-    result.loss = hessian_loss(weight, result.dequantize(), hessian.float())
+    if with_loss:  # callers that split stacked rows compute it per part instead
+        result.loss = hessian_loss(weight, result.dequantize(), hessian.float())
     return result
 
 

@@ -74,10 +74,10 @@ def test_layerwise_placement(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPat
     snapshots: list[dict[str, str]] = []
     real_layer = gptq_runner.quantize_layer_gptq
 
-    def snapshot(layer, inputs, steps, cfg, prefix="", device="cpu", packed=True):  # noqa: ANN001, ANN202
+    def snapshot(layer, inputs, steps, cfg, prefix="", device="cpu", *rest):  # noqa: ANN001, ANN202
         assert device == TARGET
         snapshots.append(dict(where))
-        return real_layer(layer, inputs, steps, cfg, prefix, device, packed)
+        return real_layer(layer, inputs, steps, cfg, prefix, device, *rest)
 
     monkeypatch.setattr(gptq_runner, "quantize_layer_gptq", snapshot)
     calib = torch.randint(0, model.config.vocab_size, (4, 32))

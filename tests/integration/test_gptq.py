@@ -135,11 +135,11 @@ def test_resume_continues_after_interruption(tiny_model_dir: Path, calib: torch.
     real = gptq_runner.quantize_layer_gptq
     seen: list[str] = []
 
-    def interrupted(layer, inputs, steps, cfg, prefix="", device="cpu", packed=True):  # type: ignore[no-untyped-def]
+    def interrupted(layer, inputs, steps, cfg, prefix="", *rest):  # type: ignore[no-untyped-def]
         seen.append(prefix)
         if prefix.endswith(".1."):
             raise KeyboardInterrupt  # as if the user pressed Ctrl-C during layer 1
-        return real(layer, inputs, steps, cfg, prefix, device, packed)
+        return real(layer, inputs, steps, cfg, prefix, *rest)
 
     monkeypatch.setattr(gptq_runner, "quantize_layer_gptq", interrupted)
     first, _, _ = load_model(tiny_model_dir)
@@ -151,8 +151,8 @@ def test_resume_continues_after_interruption(tiny_model_dir: Path, calib: torch.
     monkeypatch.setattr(gptq_runner, "quantize_layer_gptq", real)
     counted: list[str] = []
     monkeypatch.setattr(gptq_runner, "quantize_layer_gptq",
-                        lambda layer, inputs, steps, cfg, prefix="", device="cpu", packed=True:
-                        counted.append(prefix) or real(layer, inputs, steps, cfg, prefix, device, packed))
+                        lambda layer, inputs, steps, cfg, prefix="", *rest:
+                        counted.append(prefix) or real(layer, inputs, steps, cfg, prefix, *rest))
     resumed, _, _ = load_model(tiny_model_dir)
     # Offloaded (layers re-read from disk) and resumed: still the uninterrupted result.
     opts = RunOptions(progress=False, log=lambda _: None, work_dir=work, resume=True,
@@ -228,3 +228,34 @@ def test_disk_weights_restore_a_layer_from_its_files(tiny_model_dir: Path, tmp_p
         assert torch.equal(value, want[key]), key
     with pytest.raises(ModelNotFoundError, match="no \\*.safetensors"):
         DiskWeights(tmp_path)
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_stacked_shared_input_linears_equal_separate_ones(tiny_model_dir: Path, calib: torch.Tensor,
+                                                         desc_act: bool) -> None:
+    """q/k/v (and gate/up) quantized in one column loop over stacked rows give each linear
+    exactly what it gets alone: same codes, scales and zeros."""
+    import copy
+
+    from qcal.packing.checkpoint import quant_modules
+    from qcal.packing.formats import codes_of
+    from qcal.quant.gptq import gptq_quantize
+
+    model, _, _ = load_model(tiny_model_dir)
+    arch = arch_for(model)
+    inputs = capture_layer0_inputs(model, arch, calib)
+    layer = decoder_layers(model, arch)[0]
+    cfg = GPTQConfig(QuantScheme(4, 32), desc_act=desc_act)
+    stacked, separate = copy.deepcopy(layer), copy.deepcopy(layer)
+    gptq_runner.quantize_layer_gptq(stacked, inputs, arch.sequential, cfg)
+    for step in arch.sequential:
+        sink = HessianSink(step)
+        feed_linear_inputs(separate, inputs, step, sink)
+        for name in step:
+            result = gptq_quantize(get_module(separate, name).weight.data, sink.hessian(name), cfg)
+            gptq_runner.apply_result(separate, name, result)
+    a, b = quant_modules(stacked), quant_modules(separate)
+    for name in a:
+        ca, cb = codes_of(a[name]), codes_of(b[name])
+        assert torch.equal(ca.codes, cb.codes) and torch.equal(ca.zeros, cb.zeros), name
+        assert torch.equal(ca.scales, cb.scales), name
