@@ -12,4 +12,5 @@ fi
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev,ray]"
 .venv/bin/python scripts/provision_models.py
 .venv/bin/python scripts/provision_data.py
+.venv/bin/python scripts/provision_benchmarks.py
 echo "qcal set-up complete: activate with '. .venv/bin/activate' or use .venv/bin/qcal"

@@ -57,10 +57,15 @@ def task_manager(include_paths: Sequence[Path | str] = (), names: Sequence[str] 
     offline_env()
     from lm_eval.tasks import TaskManager
 
+    from qcal.eval.benchmarks import benchmark_tasks_dir
+
     paths = [str(tasks_dir()), *(str(p) for p in include_paths)]
     for p in paths[1:]:
         if not Path(p).is_dir():
             raise TaskError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
+    provisioned = benchmark_tasks_dir()
+    if provisioned is not None:  # arc_easy, hellaswag, mmlu, ... on local data
+        paths.append(str(provisioned))
     if names:
         local = TaskManager(include_path=paths, include_defaults=False)
         if all(n.strip() in local.all_tasks for n in names if n.strip()):
