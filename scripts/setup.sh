@@ -13,4 +13,7 @@ fi
 .venv/bin/python scripts/provision_models.py
 .venv/bin/python scripts/provision_data.py
 .venv/bin/python scripts/provision_benchmarks.py
+# Optional: GPTQModel in its own venv for the interop test; never fatal (the test then skips).
+timeout 1200 bash scripts/setup_peer_venv.sh \
+  || echo "GPTQModel venv not set up: tests/integration/test_gptqmodel_interop.py will skip"
 echo "qcal set-up complete: activate with '. .venv/bin/activate' or use .venv/bin/qcal"

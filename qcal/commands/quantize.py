@@ -55,8 +55,9 @@ def add_parser(sub: Any) -> None:
                    help="keep <output>.work (per-layer resume state) after a successful run")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model directory's own Python code to run (off by default)")
-    p.add_argument("--format", default="gptq", choices=("gptq", "compressed-tensors", "awq"),
-                   help="checkpoint format: gptq (default), compressed-tensors (pack-quantized, "
+    p.add_argument("--format", default="gptq", choices=("gptq", "gptq_v2", "compressed-tensors", "awq"),
+                   help="checkpoint format: gptq (default), gptq_v2 (true zero points: what "
+                        "GPTQModel needs for asymmetric schemes), compressed-tensors (pack-quantized, "
                         "vLLM native) or awq (AutoAWQ GEMM layout, 4-bit, no act-order)")
     p.add_argument("--eval", action="store_true",
                    help="afterwards, print float vs quantized perplexity on held-out text")

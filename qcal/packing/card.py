@@ -16,6 +16,8 @@ QCAL_VERSION = "0.1.0"
 LOADING = {
     "gptq": "GPTQ layout (`quant_method: gptq`): qcal, GPTQModel, transformers + GPTQModel/optimum, "
             "vLLM (Marlin needs in_features divisible by the group size).",
+    "gptq_v2": "GPTQ layout with true zero points (`checkpoint_format: gptq_v2`): qcal, "
+               "GPTQModel (which loads asymmetric GPTQ checkpoints only in this form).",
     "compressed-tensors": "compressed-tensors `pack-quantized`: vLLM natively; transformers with the "
                           "`compressed-tensors` package (asymmetric exports: pass "
                           "`quantization_config=CompressedTensorsConfig(dequantize=True)`); qcal.",

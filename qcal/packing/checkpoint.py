@@ -30,7 +30,10 @@ from qcal.packing.qlinear import QuantLinear
 WEIGHTS_NAME = "model.safetensors"
 QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 CHECKPOINT_KIND = "checkpoint"
-FORMATS = ("gptq", "compressed-tensors", "awq")  # --format names = quantization_config.quant_method
+QUANT_METHODS = ("gptq", "compressed-tensors", "awq")  # quantization_config.quant_method
+# --format names: gptq_v2 is the GPTQ layout with true zero points (GPTQModel 7.6 loads an
+# asymmetric GPTQ checkpoint only so); gptq stores zero - 1 (v1) unless a zero point is 0.
+FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
 
 
 def quant_modules(model: nn.Module) -> dict[str, QuantLinear]:
@@ -95,8 +98,8 @@ def save_checkpoint(
     if fmt not in FORMATS:
         raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {', '.join(FORMATS)}")
     first = next(iter(layers.values()))
-    if fmt == "gptq":
-        storage = _zero_storage_format(model)
+    if fmt in ("gptq", "gptq_v2"):
+        storage = "gptq_v2" if fmt == "gptq_v2" else _zero_storage_format(model)
         qcfg = quantization_config(first, sym, storage, meta or {}, fields)
         state = _state_for_disk(model, storage)
     else:
@@ -107,7 +110,7 @@ def save_checkpoint(
         config = model.config.to_dict()
         config["quantization_config"] = qcfg
         (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        if fmt == "gptq":
+        if fmt in ("gptq", "gptq_v2"):
             (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
@@ -163,7 +166,7 @@ def is_quantized_checkpoint(path: Path | str) -> bool:
         qc = json.loads(cfg.read_text()).get("quantization_config") or {}
     except (OSError, ValueError, AttributeError):
         return False
-    return qc.get("quant_method") in FORMATS
+    return qc.get("quant_method") in QUANT_METHODS
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -196,9 +199,9 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     raw = json.loads((path / "config.json").read_text())
     qcfg = raw.get("quantization_config") or {}
     method = qcfg.get("quant_method")
-    if method not in FORMATS:
+    if method not in QUANT_METHODS:
         raise CheckpointError(f"{path}/config.json has no quantization_config qcal reads "
-                              f"(quant_method {method!r}; known: {', '.join(FORMATS)})")
+                              f"(quant_method {method!r}; known: {', '.join(QUANT_METHODS)})")
     if method == "compressed-tensors":
         from qcal.packing.formats import ct_scheme
 
