@@ -132,10 +132,10 @@ def quantize_model_dir(
     The caller guards the output (`guarded_output`); `opts.work_dir` holds resume state.
     """
     opts = opts or RunOptions()
-    spec = METHODS.get(method)
-    if not isinstance(config, spec.config_cls):
-        raise ConfigError(f"method {method!r} takes a {spec.config_cls.__name__}")
-    if spec.needs_calibration and calib_ids is None:
+    quant_method = METHODS.get(method)
+    if not isinstance(config, quant_method.config_cls):
+        raise ConfigError(f"method {method!r} takes a {quant_method.config_cls.__name__}")
+    if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
     net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
     validate_scheme(net, config.scheme)
@@ -148,7 +148,7 @@ def quantize_model_dir(
         # Just loaded and unchanged: methods may re-read layers instead of keeping them resident.
         opts = dataclasses.replace(opts, weights_dir=Path(src))
     started = time.perf_counter()
-    losses = spec.run(net, config, calib_ids, opts)
+    losses = quant_method.run(net, config, calib_ids, opts)
     seconds = time.perf_counter() - started
     meta = {
         "method": method,
@@ -169,7 +169,7 @@ def quantize_model_dir(
     # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
     if opts.dist.is_main:  # under torchrun every rank holds the same result; one writes it
         save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
-                        fields=spec.checkpoint_fields(config), meta=meta, extra_files=extra,
+                        fields=quant_method.checkpoint_fields(config), meta=meta, extra_files=extra,
                         fmt=fmt)
     return log
 

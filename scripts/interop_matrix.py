@@ -34,7 +34,9 @@ from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir  # 
 from qcal.paths import results_dir, runs_dir  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
-FORMATS = ("gptq", "compressed-tensors", "awq")
+FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
+PEER = ROOT / "runs" / "peer-venv" / "bin" / "python"  # scripts/setup_peer_venv.sh
+PEER_SCRIPT = ROOT / "tests" / "integration" / "peer" / "gptqmodel_logits.py"
 
 
 def qcal_cli(*args: str) -> None:
@@ -59,6 +61,18 @@ def make_checkpoints(work: Path, sym: bool) -> dict[str, Path]:
 
 
 def logits_of(loader: str, path: Path, windows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if loader.startswith("GPTQModel"):
+        import tempfile
+
+        from safetensors.torch import load_file, save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            save_file({"ids": windows.contiguous()}, f"{tmp}/ids.safetensors")
+            run = subprocess.run([str(PEER), str(PEER_SCRIPT), str(path), f"{tmp}/ids.safetensors",
+                                  f"{tmp}/out.safetensors"], capture_output=True, text=True)
+            if run.returncode != 0:
+                raise RuntimeError(run.stderr.strip().splitlines()[-1])
+            return load_file(f"{tmp}/out.safetensors")["logits"]
     if loader == "qcal":
         net = load_model(path, dtype=dtype)[0]
     else:
@@ -76,8 +90,10 @@ def agreement(ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
             "top1_agree": float((ref.argmax(-1) == got.argmax(-1)).float().mean())}
 
 
+PEER_LOADER = "GPTQModel 7.6 (own venv, torch kernel, bf16)"
 LOADERS = {
-    "gptq": ["qcal", "transformers"],
+    "gptq": ["qcal", "transformers", PEER_LOADER],
+    "gptq_v2": ["qcal", PEER_LOADER],
     "compressed-tensors": ["qcal", "transformers", "transformers (dequantize=True)"],
     "awq": ["qcal", "transformers"],
 }
@@ -102,8 +118,11 @@ def main() -> None:
                 for dtype in (torch.float32, torch.bfloat16):
                     if loader != "qcal" and dtype != torch.float32:
                         continue
+                    if loader == PEER_LOADER and not PEER.is_file():
+                        continue
                     cell: dict[str, Any] = {"format": fmt, "sym": sym, "loader": loader,
-                                            "dtype": str(dtype).removeprefix("torch.")}
+                                            "dtype": "bfloat16" if loader == PEER_LOADER
+                                            else str(dtype).removeprefix("torch.")}
                     try:
                         cell.update(agreement(ref, logits_of(loader, path, windows, dtype)))
                         cell["loads"] = "yes"
@@ -127,8 +146,10 @@ def main() -> None:
         provenance_markdown(prov),
         markdown_table(["format", "scheme", "loader", "dtype", "loads", "max rel diff",
                         "top-1 agree", "error"], rows, ".2e"),
-        "Not run here: vLLM (needs a CUDA GPU: `scripts/gpu_check.sh` is where it belongs) and "
-        "GPTQModel (its own venv; results/gptq_vs_peer.md has its GPTQ-layout loads). "
+        "Not run here: vLLM (needs a CUDA GPU: `scripts/gpu_check.sh` is where it belongs). "
+        "GPTQModel 7.6.0 runs in its own venv (scripts/setup_peer_venv.sh) on its bf16 torch "
+        "kernel; it refuses asymmetric GPTQ checkpoints in the v1 storage unless its own tools "
+        "wrote them, and reads them as `--format gptq_v2` (true zero points). "
         "transformers 5.24 reads the GPTQ layout only through GPTQModel/optimum (not installed "
         "in qcal's environment by design) and the AWQ layout only through GPTQModel too, so "
         "those rows record the refusal. compressed-tensors 0.20.1's default (compressed) path "

@@ -123,13 +123,13 @@ def fold_scale(layer: nn.Module, group: ScaleGroup, s: torch.Tensor, norm_offset
 
 
 @torch.no_grad()
-def quantize_layer_weights(layer: nn.Module, spec: ArchSpec, scheme: QuantScheme,
+def quantize_layer_weights(layer: nn.Module, arch: ArchSpec, scheme: QuantScheme,
                            clips: Mapping[str, torch.Tensor], packed: bool = True,
                            prefix: str = "") -> dict[str, torch.Tensor]:
     """Clamp by the clip thresholds, RTN every linear, swap in QuantLinears; returns the
     float weights each linear held just before rounding (clipped, scaled)."""
     before: dict[str, torch.Tensor] = {}
-    for name in spec.linear_names:
+    for name in arch.linear_names:
         lin = layer_linear(layer, name)
         w = lin.weight.detach()
         if name in clips:
@@ -139,9 +139,9 @@ def quantize_layer_weights(layer: nn.Module, spec: ArchSpec, scheme: QuantScheme
     return before
 
 
-def _shared_inputs(spec: ArchSpec) -> dict[str, str]:
+def _shared_inputs(arch: ArchSpec) -> dict[str, str]:
     """Linear -> the linear whose captured input it shares (each sequential step shares one)."""
-    return {name: step[0] for step in spec.sequential for name in step}
+    return {name: step[0] for step in arch.sequential for name in step}
 
 
 def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.Tensor],
@@ -165,16 +165,16 @@ def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.
 
 
 @torch.no_grad()
-def search_layer(layer: nn.Module, spec: ArchSpec, inputs: LayerInputs, cfg: AWQConfig,
+def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQConfig,
                  device: str = "cpu", prefix: str = "") -> tuple[dict[str, Any], dict[str, float]]:
     """Search, fold and quantize one decoder layer in place; returns (artifact entry, losses)."""
     kwargs = [_kwargs_to(kw, device) for kw in inputs.kwargs]
-    shared = _shared_inputs(spec)
+    shared = _shared_inputs(arch)
     reps = sorted(set(shared.values()))
     feats: dict[str, list[torch.Tensor]] = {r: [] for r in reps}
     feed_linear_inputs(layer, inputs, reps, lambda n, x: feats[n].append(x), device)
     scales: list[dict[str, Any]] = []
-    for group in spec.scale_groups:
+    for group in arch.scale_groups:
         if not group_applies(layer, group):
             continue
         block = get_module(layer, group.block)
@@ -187,7 +187,7 @@ def search_layer(layer: nn.Module, spec: ArchSpec, inputs: LayerInputs, cfg: AWQ
                                  _block_loss(block, linears, xs, kwargs, refs),
                                  cfg.scheme, cfg.grid_points, w_mean)
         del refs
-        fold_scale(layer, group, found.scale, spec.norm_offset)
+        fold_scale(layer, group, found.scale, arch.norm_offset)
         s = found.scale.to(xs[0].dtype)
         for rep in {shared[n] for n in group.linears}:
             feats[rep] = [x / s.to(x.device) for x in feats[rep]]
@@ -198,14 +198,14 @@ def search_layer(layer: nn.Module, spec: ArchSpec, inputs: LayerInputs, cfg: AWQ
     feats.clear()  # the subsamples are all the clip search needs
     clips: dict[str, torch.Tensor] = {}
     if cfg.clip_search:
-        for name in spec.linear_names:
-            if name in spec.awq_clip_skip:
+        for name in arch.linear_names:
+            if name in arch.awq_clip_skip:
                 continue
             w = layer_linear(layer, name).weight.detach()
             clips[name] = awq.search_clip(w, samples[shared[name]], cfg.scheme, cfg.clip_grid,
                                           cfg.max_shrink).cpu()
-    floats = {n: layer_linear(layer, n).weight.detach().float().clone() for n in spec.linear_names}
-    quantize_layer_weights(layer, spec, cfg.scheme, clips, True, prefix)
+    floats = {n: layer_linear(layer, n).weight.detach().float().clone() for n in arch.linear_names}
+    quantize_layer_weights(layer, arch, cfg.scheme, clips, True, prefix)
     losses: dict[str, float] = {}
     for name, w in floats.items():
         x = samples[shared[name]]
@@ -305,13 +305,13 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
     opts = opts or RunOptions()
     if calib_ids is None or calib_ids.numel() == 0:
         raise ConfigError("AWQ needs calibration data; pass --calib (and --nsamples > 0)")
-    spec = arch_for(model)
+    arch = arch_for(model)
     entries: dict[int, dict[str, Any]] = {}
     losses: dict[str, float | None] = {}
 
     def quantize_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
-        prefix = f"{spec.layers_path}.{index}."
-        entry, layer_losses = search_layer(layer, spec, inputs, cfg, opts.device, prefix)
+        prefix = f"{arch.layers_path}.{index}."
+        entry, layer_losses = search_layer(layer, arch, inputs, cfg, opts.device, prefix)
         entries[index] = entry
         if opts.work_dir is not None:
             _write_entry(entry, _entry_path(Path(opts.work_dir), index))
@@ -320,17 +320,17 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
                 "ratios": {g["prev_op"]: g["ratio"] for g in entry["scales"]}}
 
     logs = sequential_quantize(
-        model, spec, calib_ids, quantize_layer, device=opts.device, progress=opts.progress,
+        model, arch, calib_ids, quantize_layer, device=opts.device, progress=opts.progress,
         desc="awq", work_dir=opts.work_dir, resume=opts.resume,
         fingerprint=_fingerprint(model, cfg, calib_ids),
     )
-    n_layers = len(decoder_layers(model, spec))
+    n_layers = len(decoder_layers(model, arch))
     for index in range(n_layers):
         if index not in entries:  # finished by an earlier, resumed run
             entries[index] = _read_entry(_entry_path(Path(opts.work_dir), index))
             losses.update(logs.get(str(index), {}).get("losses", {}))
     artifact = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, "config": to_dict(cfg),
-                "layers_path": spec.layers_path, "norm_offset": spec.norm_offset,
+                "layers_path": arch.layers_path, "norm_offset": arch.norm_offset,
                 "layers": [entries[i] for i in range(n_layers)]}
     if opts.work_dir is not None:
         path = save_artifact(artifact, Path(opts.work_dir) / ARTIFACT_NAME)
@@ -347,20 +347,20 @@ def apply_awq_artifact(model: nn.Module, artifact: Mapping[str, Any] | str | Pat
         raise CheckpointError("not a qcal AWQ search artifact of version "
                               f"{ARTIFACT_VERSION}; re-run the AWQ search")
     cfg = from_dict(AWQConfig, art["config"])
-    spec = arch_for(model)
-    layers = decoder_layers(model, spec)
-    if len(art["layers"]) != len(layers) or art["layers_path"] != spec.layers_path:
+    arch = arch_for(model)
+    layers = decoder_layers(model, arch)
+    if len(art["layers"]) != len(layers) or art["layers_path"] != arch.layers_path:
         raise CheckpointError(
             f"the AWQ artifact covers {len(art['layers'])} layers at {art['layers_path']!r}, the model "
-            f"has {len(layers)} at {spec.layers_path!r}; use the artifact made for this model"
+            f"has {len(layers)} at {arch.layers_path!r}; use the artifact made for this model"
         )
     for index, (layer, entry) in enumerate(zip(layers, art["layers"], strict=True)):
         for g in entry["scales"]:
             group = ScaleGroup(g["prev_op"], tuple(g["linears"]), "")
             fold_scale(layer, group, g["scale"].to(next(layer.parameters()).device),
                        float(art["norm_offset"]))
-        quantize_layer_weights(layer, spec, cfg.scheme, entry["clips"], packed,
-                               f"{spec.layers_path}.{index}.")
+        quantize_layer_weights(layer, arch, cfg.scheme, entry["clips"], packed,
+                               f"{arch.layers_path}.{index}.")
 
 
 def run_awq(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor | None,

@@ -20,13 +20,13 @@ from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, arch_for
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.distributed import SINGLE, DistContext
+from qcal.model.loading import DTYPES
 from qcal.model.offload import DiskWeights
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.quant.base import QuantResult
 from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian, hessian_loss
 
-ACT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CALIB_BATCH = 8
 
 
@@ -175,13 +175,13 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
     if calib.shape[0] < dist.world:
         raise ConfigError(f"{calib.shape[0]} calibration windows cannot be shared by "
                           f"{dist.world} processes; use --nsamples >= {dist.world}")
-    spec: ArchSpec = arch_for(model)
-    steps = spec.sequential if cfg.true_sequential else (spec.linear_names,)
-    store = ACT_DTYPES[cfg.act_dtype]
+    arch: ArchSpec = arch_for(model)
+    steps = arch.sequential if cfg.true_sequential else (arch.linear_names,)
+    store = DTYPES[cfg.act_dtype]
     model_dtype = next(model.parameters()).dtype
 
     def one_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
-        losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{spec.layers_path}.{index}.",
+        losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{arch.layers_path}.{index}.",
                                      opts.device, opts.packed, dist)
         if dist.is_main:
             opts.log(f"gptq layer {index}: " + ", ".join(
@@ -190,7 +190,7 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
 
     with torch.no_grad():
         logs = sequential_quantize(
-            model, spec, dist.shard(calib), one_layer, device=opts.device, batch_size=CALIB_BATCH,
+            model, arch, dist.shard(calib), one_layer, device=opts.device, batch_size=CALIB_BATCH,
             progress=opts.progress and dist.is_main, desc="gptq", work_dir=opts.work_dir,
             resume=opts.resume,
             fingerprint=fingerprint(model, cfg, calib, opts.packed) + f"-x{dist.world}",
@@ -198,7 +198,7 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
             weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
             dist=dist,
         )
-    return {f"{spec.layers_path}.{index}.{name}": loss
+    return {f"{arch.layers_path}.{index}.{name}": loss
             for index, per_layer in logs.items() for name, loss in per_layer.items()}
 
 

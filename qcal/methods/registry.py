@@ -81,7 +81,7 @@ def apply_result(model: nn.Module, name: str, result: QuantResult, packed: bool 
     return new
 
 
-def iter_layer_linears(model: nn.Module, spec: ArchSpec) -> list[tuple[int, str]]:
-    layers = decoder_layers(model, spec)
-    return [(i, f"{spec.layers_path}.{i}.{lin}") for i in range(len(layers))
-            for lin in spec.linear_names]
+def iter_layer_linears(model: nn.Module, arch: ArchSpec) -> list[tuple[int, str]]:
+    layers = decoder_layers(model, arch)
+    return [(i, f"{arch.layers_path}.{i}.{lin}") for i in range(len(layers))
+            for lin in arch.linear_names]

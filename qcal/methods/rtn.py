@@ -14,9 +14,9 @@ from qcal.quant.base import rtn_quantize
 
 def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,
             opts: RunOptions) -> dict[str, float | None]:
-    spec = arch_for(model)
+    arch = arch_for(model)
     losses: dict[str, float | None] = {}
-    for _, name in tqdm(iter_layer_linears(model, spec), desc="rtn", disable=not opts.progress):
+    for _, name in tqdm(iter_layer_linears(model, arch), desc="rtn", disable=not opts.progress):
         weight = get_module(model, name).weight.detach()
         result = rtn_quantize(weight, cfg.scheme, name=name)
         losses[name] = float((result.dequantize() - weight.float()).pow(2).sum())

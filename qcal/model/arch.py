@@ -90,5 +90,5 @@ def arch_for(model: nn.Module) -> ArchSpec:
     return ARCHS.get(name) if name in ARCHS else LLAMA_LIKE
 
 
-def decoder_layers(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:
-    return get_module(model, spec.layers_path)  # type: ignore[return-value]
+def decoder_layers(model: nn.Module, arch: ArchSpec) -> nn.ModuleList:
+    return get_module(model, arch.layers_path)  # type: ignore[return-value]

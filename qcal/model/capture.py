@@ -49,16 +49,16 @@ def _detach_kwargs(kwargs: dict[str, Any], device: torch.device | str) -> dict[s
 
 @torch.no_grad()
 def capture_layer0_inputs(
-    model: nn.Module, spec: ArchSpec, calib_ids: torch.Tensor, batch_size: int = 8,
+    model: nn.Module, arch: ArchSpec, calib_ids: torch.Tensor, batch_size: int = 8,
     device: str | torch.device = "cpu", store_dtype: torch.dtype | None = None,
 ) -> LayerInputs:
     """Inputs of decoder layer 0 for every calibration batch (kept on CPU).
 
     Only the ArchSpec's prelude modules (embeddings, rotary tables) visit `device`, and
     they return to where they were: the decoder layers never leave their home here."""
-    layer0 = decoder_layers(model, spec)[0]
+    layer0 = decoder_layers(model, arch)[0]
     captured = LayerInputs([], [])
-    prelude = prelude_on(model, spec, device)
+    prelude = prelude_on(model, arch, device)
 
     def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         hidden = args[0] if args else kwargs.pop("hidden_states")
@@ -79,11 +79,11 @@ def capture_layer0_inputs(
     return captured
 
 
-def prelude_on(model: nn.Module, spec: ArchSpec, device: str | torch.device
+def prelude_on(model: nn.Module, arch: ArchSpec, device: str | torch.device
                ) -> list[tuple[nn.Module, torch.device]]:
     """Move the prelude modules to `device`; returns (module, previous device) to undo it."""
     moved = []
-    for name in spec.prelude_modules:
+    for name in arch.prelude_modules:
         try:
             module = get_module(model, name)
         except AttributeError:

@@ -161,7 +161,7 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
 
 
 def sequential_quantize(
-    model: nn.Module, spec: ArchSpec, calib_ids: torch.Tensor, quantize_layer: LayerFn, *,
+    model: nn.Module, arch: ArchSpec, calib_ids: torch.Tensor, quantize_layer: LayerFn, *,
     device: str = "cpu", batch_size: int = 8, progress: bool = True, desc: str = "layers",
     work_dir: Path | None = None, resume: bool = False, fingerprint: str = "",
     store_dtype: torch.dtype | None = None, weights: DiskWeights | None = None,
@@ -175,7 +175,7 @@ def sequential_quantize(
     it is quantized, so the memory-mapped float model never becomes resident. The
     process's allocator is tuned to hand freed layers back (see `return_freed_memory`).
     """
-    layers = decoder_layers(model, spec)
+    layers = decoder_layers(model, arch)
     logs: dict[str, Any] = {}
     start, hidden = 0, None
     return_freed_memory()
@@ -184,7 +184,7 @@ def sequential_quantize(
         start = done + 1
     # The keyword inputs (rotary embeddings, masks) are the same for every layer and
     # cheap to recompute, so resume state stores only the hidden states.
-    inputs = capture_layer0_inputs(model, spec, calib_ids, batch_size, device, store_dtype)
+    inputs = capture_layer0_inputs(model, arch, calib_ids, batch_size, device, store_dtype)
     if hidden is not None:
         if [tuple(h.shape) for h in hidden] != [tuple(h.shape) for h in inputs.hidden]:
             raise ResumeStateError(f"resume state in {work_dir} does not match the calibration "
@@ -193,7 +193,7 @@ def sequential_quantize(
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
         if weights is not None:
-            weights.load_into(layers[index], f"{spec.layers_path}.{index}.")
+            weights.load_into(layers[index], f"{arch.layers_path}.{index}.")
         layer = layers[index].to(device)
         logs[str(index)] = quantize_layer(index, layer, inputs)
         # In place: the layer's inputs are dead once it is quantized.
