@@ -17,7 +17,7 @@ lint:
 	$(VENV)/bin/ruff check qcal kernels scripts tests
 
 # The main job: GPTQ (act-order) w4 on a Zipf-selected calibration set from the packaged
-# corpus, then float vs quantized perplexity on held-out English (about 2.5 min on 2 cores).
+# corpus, then float vs quantized perplexity on held-out English (2.5-6 min on 2 cores).
 quantize:
 	$(VENV)/bin/qcal quantize --method gptq --desc-act --selector zipf --nsamples 32 \
 	  --seqlen 512 --eval
