@@ -14,7 +14,7 @@ from qcal_kernels.errors import KernelError
 
 from qcal.errors import QcalError
 
-COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare", "export")
+COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare", "export", "provision")
 USER_FIXABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM)
 
 

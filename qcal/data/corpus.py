@@ -7,7 +7,7 @@ Layout under the data dir (``data/`` in qcal's home, see `qcal.paths`)::
     corpora/<source>/stats.json     per language and split: documents, paragraphs, chars
     cache/                          downloaded packages (.deb, wheels), reused on rerun
 
-``scripts/provision_data.py`` writes them; nothing here needs the network.
+``qcal provision`` (qcal.data.provision) writes them; nothing here needs the network.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from qcal.fsio import atomic_write_text
 
 SPLITS = ("calib", "eval")
 PACKAGED_SOURCES = ("debian-handbook", "wiki-summaries")
-PROVISION_HINT = "run `python scripts/provision_data.py` (part of the setup script) first"
+PROVISION_HINT = "run `qcal provision --only data` (part of `make setup`) first"
 
 
 class CorpusNotFoundError(QcalError, FileNotFoundError):

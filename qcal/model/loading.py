@@ -63,7 +63,7 @@ def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False)
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
                 f"the default model is not provisioned at {path}; run `make setup` in the qcal "
-                "checkout (or `python scripts/provision_models.py`), set QCAL_HOME to the folder "
+                "checkout (or `qcal provision`), set QCAL_HOME to the folder "
                 "that holds models/, or pass --model DIR"
             )
     else:

@@ -17,7 +17,7 @@ N_DOCS = 12
 def provisioned():
     tasks = benchmark_tasks_dir()
     if tasks is None:
-        pytest.skip("benchmarks not provisioned (scripts/provision_benchmarks.py, part of setup)")
+        pytest.skip("benchmarks not provisioned (`qcal provision`, part of setup)")
     return tasks
 
 

@@ -21,10 +21,21 @@ def _files(root: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import shutil
+
     target = tmp_path_factory.mktemp("site")
+    # Build from a copy: setuptools leaves build/ and *.egg-info beside the sources it builds.
+    src = tmp_path_factory.mktemp("src") / "qcal"
+    top_level = {".git", ".venv", "runs", "data", "models", "results", "build"}
+
+    def skip(folder: str, names: list[str]) -> list[str]:
+        drop = top_level if Path(folder) == ROOT else set()
+        return [n for n in names if n in drop or n.endswith(".egg-info") or n == "__pycache__"]
+
+    shutil.copytree(ROOT, src, ignore=skip)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-compile", "--target", str(target), str(ROOT)],
+         "--no-compile", "--target", str(target), str(src)],
         capture_output=True, text=True, timeout=600)
     if build.returncode != 0:
         pytest.fail(f"pip install . failed:\n{build.stderr[-2000:]}")

