@@ -103,7 +103,7 @@ def main() -> None:
                           "langs": calib.manifest.get("source_langs")}
         save_state(state_path, state)
 
-    common = ["--bits", "4", "--group-size", "128", "--calib", state["calib"]["dir"],
+    common = ["--bits", "4", "--group-size", "128", "--allow-ragged-groups", "--calib", state["calib"]["dir"],
               "--nsamples", str(args.nsamples), "--seqlen", str(args.seqlen)]
     runs = state.setdefault("runs", {})
     for method in ("awq", "rtn", "gptq"):

@@ -129,7 +129,7 @@ def main() -> int:
     qcal_dir, peer_dir = work / "qcal-gptq", work / "peer-gptq"
     qcal_cmd = [*command_prefix(), "quantize", "--model", str(model_dir),
                 "--method", "gptq", "--bits", "4",
-                "--group-size", "128", *(["--sym"] if sym else []),
+                "--group-size", "128", "--allow-ragged-groups", *(["--sym"] if sym else []),
                 *(["--desc-act"] if args.desc_act else []), "--damp", "0.01",
                 "--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
                 str(args.seqlen), "--seed", str(args.seed), "-o", str(qcal_dir)]

@@ -23,7 +23,7 @@ CKPT=runs/smollm2-135m-instruct-rtn-w4g128
 
 # RTN is deterministic and needs no calibration data: re-create the checkpoint so the
 # numbers always come from the current quantizer (the defaults write $CKPT).
-qcal quantize --method rtn --bits 4 --group-size 128 -o "$CKPT"
+qcal quantize --method rtn --bits 4 --group-size 128 --allow-ragged-groups -o "$CKPT"
 
 qcal eval --model "$CKPT" --base "$BASE" --ppl --langs "$LANGS" --max-windows "$MAX_WINDOWS" \
   --tasks "$TASKS" ${LIMIT:+--limit "$LIMIT"} --confidence -o "$OUT"
