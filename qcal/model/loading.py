@@ -100,15 +100,18 @@ def check_weight_files(path: Path, check_finite: bool = True) -> int:
         total += f.stat().st_size
         try:
             with safe_open(str(f), "pt") as handle:
-                for key in handle.keys():  # noqa: SIM118
-                    if not check_finite:
-                        continue
+                keys = list(handle.keys())  # noqa: SIM118
+            for key in keys if check_finite else ():
+                # One short-lived mapping per tensor: pages touched by the check are
+                # unmapped again at once, so the whole file never counts in the peak RSS.
+                with safe_open(str(f), "pt") as handle:
                     t = handle.get_tensor(key)
-                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                        raise NumericalError(
-                            f"weight tensor {key} in {f} holds NaN or Inf values; the model "
-                            "file is corrupted: restore or re-convert it"
-                        )
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise NumericalError(
+                        f"weight tensor {key} in {f} holds NaN or Inf values; the model "
+                        "file is corrupted: restore or re-convert it"
+                    )
+                del t
         except (SafetensorError, OSError) as err:
             raise CheckpointError(
                 f"weight file {f} is truncated or corrupted ({str(err).splitlines()[0]}); "

@@ -34,7 +34,7 @@ LayerFn = Callable[[int, nn.Module, LayerInputs], dict[str, Any]]
 
 
 PROGRESS_FILE = "progress.json"
-HIDDEN_FILE = "next_hidden.safetensors"
+HIDDEN_FILE = "next_hidden.json"  # index of one safetensors file per calibration batch
 
 
 class ResumeStateError(CheckpointError):
@@ -47,7 +47,11 @@ def _layer_file(work_dir: Path, index: int) -> Path:
 
 def _hidden_file(work_dir: Path, dist: DistContext) -> Path:
     return work_dir / (HIDDEN_FILE if not dist.active
-                       else HIDDEN_FILE.replace(".safetensors", f".rank{dist.rank}.safetensors"))
+                       else HIDDEN_FILE.replace(".json", f".rank{dist.rank}.json"))
+
+
+def _batch_file(index_file: Path, batch: int) -> Path:
+    return index_file.with_name(index_file.stem + f".b{batch:04d}.safetensors")
 
 
 def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerInputs,
@@ -66,8 +70,12 @@ def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerIn
         atomic_write_text(work_dir / PROGRESS_FILE,
                           json.dumps({"done": index, "fingerprint": fingerprint, "logs": logs}))
     dist.barrier()
-    hidden = {f"hidden.{i}": h.contiguous() for i, h in enumerate(inputs.hidden)}
-    atomic_write_bytes(_hidden_file(work_dir, dist), save(hidden, metadata={"layer": str(index)}))
+    # One file per batch: the whole calibration set never has to sit in memory twice.
+    index_file = _hidden_file(work_dir, dist)
+    for i, h in enumerate(inputs.hidden):
+        atomic_write_bytes(_batch_file(index_file, i),
+                           save({"hidden": h.contiguous()}, metadata={"layer": str(index)}))
+    atomic_write_text(index_file, json.dumps({"layer": index, "batches": len(inputs.hidden)}))
     dist.barrier()
 
 
@@ -142,8 +150,12 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
         raise ResumeStateError(f"resume state file {work_dir / PROGRESS_FILE} names layer {done} "
                                f"of a {len(layers)}-layer model; start over with --overwrite")
     hidden_file = _hidden_file(work_dir, dist)
-    saved, meta = _read_safetensors(hidden_file)
-    tagged = int(meta.get("layer", done))
+    try:
+        index = json.loads(hidden_file.read_text())
+        tagged, batches = int(index["layer"]), int(index["batches"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ResumeStateError(f"resume state file {hidden_file} is missing or corrupted; start "
+                               "over: run without --resume and with --overwrite") from None
     # A kill between progress and hidden leaves the hidden states one layer behind.
     if dist.all_reduce_min(tagged) != tagged or tagged not in (done, done - 1):
         raise ResumeStateError(f"resume state in {work_dir} is inconsistent ({hidden_file.name} "
@@ -152,11 +164,14 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
     done = tagged
     for i in range(done + 1):
         _restore_layer(layers[i], _layer_file(work_dir, i))
-    try:
-        hidden = [saved[f"hidden.{i}"] for i in range(len(saved))]
-    except KeyError:
-        raise ResumeStateError(f"resume state file {hidden_file} is incomplete; start "
-                               "over: run without --resume and with --overwrite") from None
+    hidden = []
+    for i in range(batches):
+        part, meta = _read_safetensors(_batch_file(hidden_file, i))
+        if "hidden" not in part or meta.get("layer") != str(tagged):
+            raise ResumeStateError(f"resume state file {_batch_file(hidden_file, i)} does not "
+                                   f"belong to layer {tagged}; start over: run without --resume "
+                                   "and with --overwrite")
+        hidden.append(part["hidden"])
     return done, hidden, state.get("logs", {})
 
 

@@ -419,9 +419,9 @@ def test_truncated_work_file_on_resume(cli: Cli, home: Path) -> None:
     out = home / "ckpt"
     assert cli(*gptq_args(home, out, "--keep-work"))[0] == 0
     shutil.rmtree(out)
-    hidden = Path(f"{out}.work") / "next_hidden.safetensors"
+    hidden = Path(f"{out}.work") / "next_hidden.b0000.safetensors"
     hidden.write_bytes(hidden.read_bytes()[:100])
-    line = cli.refused(*gptq_args(home, out, "--resume"), match="next_hidden.safetensors",
+    line = cli.refused(*gptq_args(home, out, "--resume"), match="next_hidden.b0000.safetensors",
                        case="--resume with a truncated .work file")
     assert "--overwrite" in line
     assert cli(*gptq_args(home, out, "--overwrite"))[0] == 0  # the offered way to start over
