@@ -183,11 +183,16 @@ def resolve_source(
         if not docs:
             raise EmptyCorpusError(f"no document of language(s) {sorted(langs or [])} in {path}")
         return docs
+    raise unknown_source(spec)
+
+
+def unknown_source(spec: str) -> CorpusNotFoundError:
+    """The error for a source spec that names nothing: with the closest packaged name."""
     import difflib
 
     close = difflib.get_close_matches(spec, PACKAGED_SOURCES, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise CorpusNotFoundError(
+    return CorpusNotFoundError(
         f"unknown text source {spec!r}: {hint}known sources are {', '.join(PACKAGED_SOURCES)}, "
         "a saved calibration set (see `qcal calib list`), a path to a .txt/.jsonl file, or "
         "hf:<name>[:<config>]"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torch import nn
+
 from qcal.config import QuantScheme
 from qcal.errors import ConfigError
 
@@ -22,14 +24,17 @@ def validate_grid(spec: GridSpec, trust_remote_code: bool = False) -> None:
     from qcal.model.loading import resolve_model_dir
 
     _check_selectors(spec)
+    from qcal.model.shapes import skeleton
+
     for model in spec.values("model"):
         model_dir = resolve_model_dir(model, trust_remote_code)
+        shapes = skeleton(model_dir, trust_remote_code)  # built once per model
         for bits in spec.values("bits"):
             for group in spec.values("group_size"):
                 if group == "auto":
                     continue  # resolved per model to a size that divides
                 scheme = QuantScheme(bits, group, allow_ragged=spec.allow_ragged_groups)
-                _check_scheme(scheme, model_dir, trust_remote_code)
+                _check_scheme(scheme, shapes)
     _check_eval(spec)
 
 
@@ -42,12 +47,9 @@ def _check_selectors(spec: GridSpec) -> None:
     packaged = source in PACKAGED_SOURCES
     if not (packaged or source.startswith("hf:") or Path(source).expanduser().is_file()
             or find_calib_set(source) is not None):
-        import difflib
+        from qcal.data.sources import unknown_source
 
-        close = difflib.get_close_matches(source, PACKAGED_SOURCES, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"calibration source {source!r} is unknown: {hint}use one of "
-                          f"{', '.join(PACKAGED_SOURCES)}, a saved set, a .txt/.jsonl file or hf:<name>")
+        raise unknown_source(source)
     have = set(available_languages(source)) if packaged else None
     for text in spec.selectors:
         selector = parse_selector(text)  # unknown names list the known ones
@@ -59,11 +61,10 @@ def _check_selectors(spec: GridSpec) -> None:
                                   f"{source} does not have; it has {sorted(have)}")
 
 
-def _check_scheme(scheme: QuantScheme, model_dir: Path, trust_remote_code: bool) -> None:
-    from qcal.model.shapes import quantized_in_features
+def _check_scheme(scheme: QuantScheme, skeleton: nn.Module) -> None:
+    from qcal.pipeline import validate_scheme
 
-    for n in quantized_in_features(str(model_dir.resolve()), trust_remote_code):
-        scheme.groups_for(n, f"a quantized linear of {model_dir.name} (in_features={n})")
+    validate_scheme(skeleton, scheme)  # the same check `qcal quantize` makes, on shapes only
 
 
 def _check_eval(spec: GridSpec) -> None:
