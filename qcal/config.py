@@ -125,7 +125,11 @@ class AWQConfig:
 
     grid_points: ratios tried, {0, 1/n, ..., (n-1)/n}; duo_scaling divides by s_w^(1-ratio);
     clip_grid/max_shrink: clip thresholds max * (1 - i/clip_grid) for i < max_shrink * clip_grid;
-    clip_tokens: tokens subsampled to score a clip.
+    clip_tokens: tokens subsampled to score a clip;
+    search_tokens: calibration tokens the scale search scores each ratio on (0: all). A block
+    that maps tokens independently (an MLP) gets an even token subsample, attention whole
+    calibration batches; a lone linear always uses every token (exactly, via its Gram matrix);
+    coarse_to_fine: score every other ratio, then the best one's two neighbours (12 of 20).
     """
 
     scheme: QuantScheme = QuantScheme()
@@ -135,8 +139,13 @@ class AWQConfig:
     clip_grid: int = 20
     max_shrink: float = 0.5
     clip_tokens: int = 512
+    search_tokens: int = 8192
+    coarse_to_fine: bool = True
 
     def __post_init__(self) -> None:
+        if self.search_tokens < 0:
+            raise ConfigError(f"search_tokens={self.search_tokens} must be >= 0 (0: every "
+                              "calibration token); try 4096")
         if self.grid_points < 1:
             raise ConfigError(f"grid_points={self.grid_points} must be >= 1; try 20")
         if self.clip_grid < 1:

@@ -177,9 +177,6 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
     log = finished_checkpoint(out, key) if reuse else None
     reused = log is not None
     dist = from_env(device)
-    if dist.active and recipe.method_name == "awq":
-        raise ConfigError("AWQ under torchrun is not supported yet (its activation statistics "
-                          "and block losses are not reduced across ranks); run it in one process")
     if log is None:
         with contextlib.ExitStack() as stack:
             work = _enter_output(stack, dist, lambda: guarded_output(

@@ -1,9 +1,10 @@
 """Runs inside GPTQModel's own virtualenv (no qcal import): quantize, or score a checkpoint.
 
-Called by scripts/bench_gptq_vs_peer.py; every input comes from files it wrote, every
+Called by scripts/bench_peers.py; every input comes from files it wrote, every
 output goes to a JSON file it reads.
 
-    python peer_gptqmodel_worker.py quantize MODEL_DIR CALIB_IDS.pt OUT_DIR RESULT.json [--sym] [--desc-act]
+    python peer_gptqmodel_worker.py quantize MODEL_DIR CALIB_IDS.pt OUT_DIR RESULT.json \
+        [--sym] [--desc-act] [--group G]
     python peer_gptqmodel_worker.py ppl CHECKPOINT_DIR EVAL_WINDOWS.pt RESULT.json
     python peer_gptqmodel_worker.py hf-ppl CHECKPOINT_DIR EVAL_WINDOWS.pt RESULT.json
 (hf-ppl loads through transformers' GPTQ integration, which needs optimum.)
@@ -20,7 +21,7 @@ from typing import Any
 
 
 def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool,
-             desc_act: bool = False) -> None:
+             desc_act: bool = False, group: int = 128) -> None:
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
     from safetensors.torch import load_file
@@ -29,7 +30,7 @@ def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bo
     calib = [{"input_ids": row.tolist(), "attention_mask": [1] * row.numel()} for row in ids]
     # Matched to qcal's settings: plain GPTQ (act-order only when asked), no group-aware
     # reordering (a GPTQModel extension qcal does not have).
-    cfg = QuantizeConfig(bits=4, group_size=128, sym=sym, desc_act=desc_act, act_group_aware=False,
+    cfg = QuantizeConfig(bits=4, group_size=group, sym=sym, desc_act=desc_act, act_group_aware=False,
                          damp_percent=0.01)
     started = time.perf_counter()
     # float32 like qcal (GPTQModel's CPU default is bfloat16).
@@ -43,7 +44,7 @@ def quantize(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bo
         "load_seconds": round(loaded - started, 1),
         "quantize_seconds": round(quantized - loaded, 1),
         "save_seconds": round(saved - quantized, 1),
-        "config": {"bits": 4, "group_size": 128, "sym": sym, "desc_act": desc_act,
+        "config": {"bits": 4, "group_size": group, "sym": sym, "desc_act": desc_act,
                    "act_group_aware": False, "damp_percent": 0.01},
     }, indent=2))
 
@@ -117,7 +118,8 @@ def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmode
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
     if cmd == "quantize":
-        quantize(*rest[:4], sym="--sym" in rest, desc_act="--desc-act" in rest)
+        group = int(rest[rest.index("--group") + 1]) if "--group" in rest else 128
+        quantize(*rest[:4], sym="--sym" in rest, desc_act="--desc-act" in rest, group=group)
     elif cmd == "ppl":
         ppl(*rest[:3])
     elif cmd == "hf-ppl":

@@ -31,6 +31,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ damp_percent")
     p.add_argument("--mse-clip", action="store_true", help="GPTQ: MSE clip search on the grid")
     p.add_argument("--no-clip", action="store_true", help="AWQ: skip the clip search")
+    p.add_argument("--search-tokens", type=int, default=None,
+                   help="AWQ: calibration tokens the scale search scores each candidate on "
+                        "(default 8192; 0: all, as the reference does)")
+    p.add_argument("--full-ratio-grid", action="store_true",
+                   help="AWQ: score all 20 ratios (default: every other one, then the best's "
+                        "neighbours)")
     p.add_argument("--awq-artifact", type=Path, default=None,
                    help="AWQ: replay a saved search (<checkpoint>/artifacts/awq_search.safetensors) "
                         "instead of searching; needs no calibration data")
@@ -46,7 +52,7 @@ def add_parser(sub: Any) -> None:
                         "one at a time")
     p.add_argument("--nproc", type=int, default=1,
                    help="data-parallel calibration in N processes (runs itself under torchrun: "
-                        "gloo on CPU, nccl on GPUs); GPTQ and RTN")
+                        "gloo on CPU, nccl on GPUs); GPTQ, AWQ and RTN")
     p.add_argument("--resume", action="store_true", help="continue after the last finished layer")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output that qcal did not write (or start over "
@@ -73,7 +79,8 @@ def add_parser(sub: Any) -> None:
 METHOD_FLAGS = {
     "desc_act": ("gptq", "desc_act", False), "static_groups": ("gptq", "static_groups", False),
     "damp": ("gptq", "damp_percent", 0.01), "mse_clip": ("gptq", "mse_clip", False),
-    "no_clip": ("awq", "clip_search", False),
+    "no_clip": ("awq", "clip_search", False), "search_tokens": ("awq", "search_tokens", None),
+    "full_ratio_grid": ("awq", "coarse_to_fine", False),
 }
 
 
@@ -91,7 +98,7 @@ def make_config(args: argparse.Namespace) -> Any:
         if method != args.method:
             raise ConfigError(f"--{flag.replace('_', '-')} is a {method} option; drop it or use "
                               f"--method {method}")
-        options[field] = (not value) if flag == "no_clip" else value
+        options[field] = (not value) if flag in ("no_clip", "full_ratio_grid") else value
     return method_config(args.method, scheme, **options)
 
 

@@ -31,16 +31,15 @@ def _ray_cell(spec: GridSpec, results_root: str, work_root: str, cell: Cell, dev
 
     from qcal.grid.runner import GridRunner
 
-    done = Path(results_root) / "cells" / f"{cell.key}.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    runner = GridRunner(spec, Path(results_root), Path(work_root), progress=False, device=device)
+    if runner.is_current(cell):
+        return json.loads(runner.cell_path(cell).read_text())
     flag = os.environ.get(KILL_ONCE_ENV)
     if flag and not Path(flag).exists():
         Path(flag).write_text(str(os.getpid()))
         os._exit(1)
     torch.set_num_threads(threads)
-    return GridRunner(spec, Path(results_root), Path(work_root), progress=False,
-                      device=device).run_cell(cell)
+    return runner.run_cell(cell)
 
 
 def run_on_ray(runner: Any, todo: list[Cell], bar: Any, address: str | None = None) -> None:
@@ -66,7 +65,7 @@ def run_on_ray(runner: Any, todo: list[Cell], bar: Any, address: str | None = No
             ready, _ = ray.wait(list(refs), num_returns=1)
             cell = refs.pop(ready[0])
             record = ray.get(ready[0])  # a task's error surfaces here
-            if not runner.cell_path(cell).is_file():  # another driver may have finished it
+            if not runner.is_current(cell):  # another driver may have finished it
                 runner._record(cell, record)
             bar.update(1)
     finally:

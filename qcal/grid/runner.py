@@ -69,7 +69,37 @@ class GridRunner:
         return cells[index::count]
 
     def pending(self) -> list[Cell]:
-        return [c for c in self.mine() if not self.cell_path(c).is_file()]
+        todo = []
+        for cell in self.mine():
+            if self.cell_path(cell).is_file() and not self.is_current(cell):
+                print(f"qcal compare: {cell.key} was computed with other method settings or "
+                      "code (its recipe changed); computing it again", file=sys.stderr)
+            if not self.is_current(cell):
+                todo.append(cell)
+        return todo
+
+    def recipe_key(self, cell: Cell) -> str | None:
+        """What the cell's checkpoint depends on (model, method config, calibration, format)."""
+        if cell.method is None:
+            return None
+        from qcal.model.loading import resolve_model_dir
+
+        recipe = self.spec.recipe(cell, self.work_root / "ckpt" / cell.key, self.device)
+        return recipe.checkpoint_key(resolve_model_dir(recipe.model))
+
+    def is_current(self, cell: Cell) -> bool:
+        """A finished cell whose recipe is today's. Cells written before recipe keys were
+        recorded carry none and are kept as they are."""
+        path = self.cell_path(cell)
+        if not path.is_file():
+            return False
+        if cell.method is None:
+            return True
+        try:
+            saved = json.loads(path.read_text()).get("recipe_key")
+        except (OSError, ValueError):
+            return False
+        return saved is None or saved == self.recipe_key(cell)
 
     def _clean_stale(self) -> None:
         # A kill during an atomic write leaves only qcal's hidden temp siblings behind;
@@ -116,6 +146,7 @@ class GridRunner:
             target = self.work_root / "ckpt" / cell.key
             log = self._quantize(self.spec.recipe(cell, target, self.device))
             record["quantize_seconds"] = log.get("quantize_seconds")
+            record["recipe_key"] = log.get("recipe_key")
             record["calibration"] = log.get("calibration")
         text_file = Path(self.spec.eval_text_file) if self.spec.eval_text_file else None
         outcome = run_evaluation(target, self.spec.eval_config(), text_file=text_file,
@@ -179,7 +210,7 @@ class GridRunner:
         elif self.jobs > 1 and len(todo) > 1:
             self._run_parallel(todo, bar)
         for cell in todo:
-            if self.cell_path(cell).is_file():  # done by a worker
+            if self.is_current(cell):  # done by a worker
                 continue
             bar.set_postfix_str(cell.key)
             self._record(cell, self.run_cell(cell))

@@ -24,31 +24,37 @@ yields the same quantized weights.
 from __future__ import annotations
 
 import inspect
-import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict
 from qcal.errors import CheckpointError, ConfigError
-from qcal.fsio import atomic_write_bytes
+from qcal.methods.awq_artifact import (
+    ARTIFACT_FORMAT,
+    ARTIFACT_NAME,
+    ARTIFACT_VERSION,
+    entry_path,
+    load_artifact,
+    read_entry,
+    save_artifact,
+    write_entry,
+)
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
+from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
 from qcal.quant.base import rtn_quantize
 
-ARTIFACT_FORMAT = "qcal-awq-search"
-ARTIFACT_VERSION = 1
-ARTIFACT_NAME = "awq_search.safetensors"
-ARTIFACT_META_KEY = "qcal_awq"
+__all__ = ["ARTIFACT_NAME", "apply_awq_artifact", "awq_quantize_model", "call_block",
+           "fold_scale", "group_applies", "load_artifact", "save_artifact", "search_layer"]
 
 
 def _kwargs_to(kwargs: Mapping[str, Any], device: torch.device | str) -> dict[str, Any]:
@@ -145,7 +151,11 @@ def _shared_inputs(arch: ArchSpec) -> dict[str, str]:
 
 
 def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.Tensor],
-                kwargs: list[dict[str, Any]], refs: list[torch.Tensor]) -> awq.BlockLoss:
+                kwargs: list[dict[str, Any]], dist: DistContext) -> awq.BlockLoss:
+    """MSE of the block's output with fake weights swapped in against the float block, on
+    `xs` (summed over ranks, so every rank scores every rank's tokens alike)."""
+    refs = [call_block(block, x, kw) for x, kw in zip(xs, kwargs, strict=True)]
+
     def loss(fake: Mapping[str, torch.Tensor]) -> float:
         originals = {n: m.weight.data for n, m in linears.items()}
         total, count = 0.0, 0
@@ -159,15 +169,59 @@ def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.
         finally:
             for n, m in linears.items():
                 m.weight.data = originals[n]
-        return total / max(count, 1)
+        total, count = dist.sum_numbers(total, count)
+        return total / max(count, 1.0)
 
     return loss
 
 
+def _linear_loss(name: str, linear: nn.Linear, xs: list[torch.Tensor],
+                 dist: DistContext) -> awq.BlockLoss:
+    """A block that is one linear: its output MSE from the Gram matrix of every token (exact;
+    the weight difference is all that changes between ratios)."""
+    gram, count = awq.input_gram(xs)
+    dist.all_reduce_sum(gram)
+    tokens = int(dist.sum_numbers(count)[0])
+    weight = linear.weight.detach().float()
+    return lambda fake: awq.gram_output_loss(fake[name].float() - weight, gram, tokens)
+
+
+def _search_batches(xs: list[torch.Tensor], budget: int) -> list[int]:
+    """Evenly spread whole calibration batches holding at least `budget` tokens (0: all)."""
+    if budget <= 0:
+        return list(range(len(xs)))
+    per_batch = max(1, xs[0].shape[0] * xs[0].shape[1])
+    take = min(len(xs), math.ceil(budget / per_batch))
+    return sorted({round(i * (len(xs) - 1) / max(take - 1, 1)) for i in range(take)})
+
+
+def _group_loss(layer: nn.Module, group: ScaleGroup, xs: list[torch.Tensor],
+                kwargs: list[dict[str, Any]], cfg: AWQConfig, dist: DistContext) -> awq.BlockLoss:
+    """The loss that scores a scale for `group`, on the data `cfg.search_tokens` allows."""
+    block = get_module(layer, group.block)
+    linears = {n: layer_linear(layer, n) for n in group.linears}
+    if group.linears == (group.block,) and isinstance(block, nn.Linear):
+        return _linear_loss(group.block, block, xs, dist)
+    budget = math.ceil(cfg.search_tokens / dist.world) if cfg.search_tokens else 0
+    n_tokens = sum(x.shape[0] * x.shape[1] for x in xs)
+    if not budget or budget >= n_tokens:
+        return _block_loss(block, linears, xs, kwargs, dist)
+    if group.token_wise:  # one evenly spread token sample from every batch, as one sequence
+        sample = awq.subsample_tokens(xs, budget).to(xs[0].dtype)[None]
+        return _block_loss(block, linears, [sample], [{}], dist)
+    chosen = _search_batches(xs, budget)
+    return _block_loss(block, linears, [xs[i] for i in chosen], [kwargs[i] for i in chosen], dist)
+
+
 @torch.no_grad()
 def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQConfig,
-                 device: str = "cpu", prefix: str = "") -> tuple[dict[str, Any], dict[str, float]]:
-    """Search, fold and quantize one decoder layer in place; returns (artifact entry, losses)."""
+                 device: str = "cpu", prefix: str = "", dist: DistContext = SINGLE,
+                 ) -> tuple[dict[str, Any], dict[str, float]]:
+    """Search, fold and quantize one decoder layer in place; returns (artifact entry, losses).
+
+    Under torchrun each rank holds its own calibration shard: activation statistics, block
+    losses and clip errors are summed across ranks, and rank 0's choices are broadcast, so
+    every rank folds and rounds the same weights."""
     kwargs = [_kwargs_to(kw, device) for kw in inputs.kwargs]
     shared = _shared_inputs(arch)
     reps = sorted(set(shared.values()))
@@ -177,16 +231,17 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
     for group in arch.scale_groups:
         if not group_applies(layer, group):
             continue
-        block = get_module(layer, group.block)
         linears = {n: layer_linear(layer, n) for n in group.linears}
         xs = feats[shared[group.linears[0]]]
-        refs = [call_block(block, x, kw) for x, kw in zip(xs, kwargs, strict=True)]
+        abs_sum, count = awq.channel_abs_sum(xs)
+        dist.all_reduce_sum(abs_sum)
+        count = int(dist.sum_numbers(count)[0])
         weights = {n: m.weight.detach().clone() for n, m in linears.items()}
         w_mean = awq.weight_channel_mean(weights.values(), cfg.scheme) if cfg.duo_scaling else None
-        found = awq.search_scale(awq.channel_abs_mean(xs), weights,
-                                 _block_loss(block, linears, xs, kwargs, refs),
-                                 cfg.scheme, cfg.grid_points, w_mean)
-        del refs
+        found = awq.search_scale(abs_sum / count, weights,
+                                 _group_loss(layer, group, xs, kwargs, cfg, dist),
+                                 cfg.scheme, cfg.grid_points, w_mean, cfg.coarse_to_fine)
+        dist.broadcast(found.scale, 0)
         fold_scale(layer, group, found.scale, arch.norm_offset)
         s = found.scale.to(xs[0].dtype)
         for rep in {shared[n] for n in group.linears}:
@@ -194,7 +249,8 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
         scales.append({"prev_op": group.prev_op, "linears": list(group.linears),
                        "scale": found.scale.cpu(), "ratio": found.ratio, "loss": found.loss,
                        "rtn_loss": found.rtn_loss})
-    samples = {rep: awq.subsample_tokens(xs, cfg.clip_tokens) for rep, xs in feats.items()}
+    clip_budget = math.ceil(cfg.clip_tokens / dist.world)
+    samples = {rep: awq.subsample_tokens(xs, clip_budget) for rep, xs in feats.items()}
     feats.clear()  # the subsamples are all the clip search needs
     clips: dict[str, torch.Tensor] = {}
     if cfg.clip_search:
@@ -202,8 +258,12 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
             if name in arch.awq_clip_skip:
                 continue
             w = layer_linear(layer, name).weight.detach()
-            clips[name] = awq.search_clip(w, samples[shared[name]], cfg.scheme, cfg.clip_grid,
-                                          cfg.max_shrink).cpu()
+            x = samples[shared[name]]
+            tokens = int(dist.sum_numbers(x.shape[0])[0])
+            reduce = dist.all_reduce_sum if dist.active else None
+            clip = awq.search_clip(w, x, cfg.scheme, cfg.clip_grid, cfg.max_shrink,
+                                   reduce=reduce, total_tokens=tokens)
+            clips[name] = dist.broadcast(clip.contiguous(), 0).cpu()
     floats = {n: layer_linear(layer, n).weight.detach().float().clone() for n in arch.linear_names}
     quantize_layer_weights(layer, arch, cfg.scheme, clips, True, prefix)
     losses: dict[str, float] = {}
@@ -220,119 +280,45 @@ def _fingerprint(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor) -> str:
     return resume_fingerprint("awq", model, cfg, calib, True)
 
 
-def _entry_path(work_dir: Path, index: int) -> Path:
-    return work_dir / f"awq_layer_{index:04d}.safetensors"
-
-
-def _flatten(entry: Mapping[str, Any], prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """An entry's tensors go to `tensors` under `prefix`; the rest is returned as JSON data."""
-    scales = []
-    for k, g in enumerate(entry["scales"]):
-        tensors[f"{prefix}scales.{k}"] = g["scale"].detach().float().contiguous().cpu()
-        scales.append({key: g[key] for key in ("prev_op", "linears", "ratio", "loss", "rtn_loss")})
-    for name, clip in entry["clips"].items():
-        tensors[f"{prefix}clips.{name}"] = clip.detach().contiguous().cpu()
-    return {"scales": scales, "clips": sorted(entry["clips"])}
-
-
-def _unflatten(data: Mapping[str, Any], prefix: str, tensors: Mapping[str, torch.Tensor]
-               ) -> dict[str, Any]:
-    scales = [{**g, "linears": list(g["linears"]), "scale": tensors[f"{prefix}scales.{k}"]}
-              for k, g in enumerate(data["scales"])]
-    return {"scales": scales, "clips": {n: tensors[f"{prefix}clips.{n}"] for n in data["clips"]}}
-
-
-def artifact_bytes(artifact: Mapping[str, Any]) -> bytes:
-    """The artifact as safetensors bytes: tensors plus JSON metadata (no pickle)."""
-    tensors: dict[str, torch.Tensor] = {}
-    head = {k: v for k, v in artifact.items() if k != "layers"}
-    head["layers"] = [_flatten(e, f"layers.{i}.", tensors) for i, e in enumerate(artifact["layers"])]
-    return save_safetensors(tensors, metadata={ARTIFACT_META_KEY: json.dumps(head)})
-
-
-def _write_entry(entry: Mapping[str, Any], path: Path) -> None:
-    tensors: dict[str, torch.Tensor] = {}
-    data = _flatten(entry, "", tensors)
-    atomic_write_bytes(path, save_safetensors(tensors, metadata={ARTIFACT_META_KEY: json.dumps(data)}))
-
-
-def _read(path: Path, what: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    if not path.is_file():
-        raise CheckpointError(f"{what} {path} does not exist; run `qcal quantize --method awq`")
-    try:
-        with safe_open(str(path), "pt") as handle:
-            meta = handle.metadata() or {}
-            tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-        return json.loads(meta[ARTIFACT_META_KEY]), tensors
-    except (OSError, SafetensorError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{path} is not a readable qcal {what} ({str(err).splitlines()[0]}); "
-                              "re-run the AWQ search") from None
-
-
-def _read_entry(path: Path) -> dict[str, Any]:
-    data, tensors = _read(path, "AWQ resume state file")
-    try:
-        return _unflatten(data, "", tensors)
-    except (KeyError, TypeError) as err:
-        raise CheckpointError(f"AWQ resume state file {path} is incomplete ({err}); start over "
-                              "with --overwrite and without --resume") from None
-
-
-def save_artifact(artifact: Mapping[str, Any], path: Path) -> Path:
-    atomic_write_bytes(Path(path), artifact_bytes(artifact))
-    return Path(path)
-
-
-def load_artifact(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise CheckpointError(f"{path} is not an AWQ search artifact: qcal reads only "
-                              f"{ARTIFACT_NAME} files (older .pt artifacts: re-run the search)")
-    head, tensors = _read(path, "AWQ search artifact")
-    if not isinstance(head, dict) or head.get("format") != ARTIFACT_FORMAT:
-        raise CheckpointError(f"{path} is not a qcal AWQ search artifact")
-    try:
-        head["layers"] = [_unflatten(e, f"layers.{i}.", tensors) for i, e in enumerate(head["layers"])]
-    except (KeyError, TypeError) as err:
-        raise CheckpointError(f"AWQ search artifact {path} is incomplete ({err}); re-run the "
-                              "search") from None
-    return head
-
-
 def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor,
                        opts: RunOptions | None = None) -> tuple[dict[str, float | None], dict[str, Any]]:
     """Search and quantize every decoder layer in place; returns (losses, search artifact)."""
     opts = opts or RunOptions()
     if calib_ids is None or calib_ids.numel() == 0:
         raise ConfigError("AWQ needs calibration data; pass --calib (and --nsamples > 0)")
+    dist = opts.dist
+    if calib_ids.shape[0] < dist.world:
+        raise ConfigError(f"{calib_ids.shape[0]} calibration windows cannot be shared by "
+                          f"{dist.world} processes; use --nsamples >= {dist.world}")
     arch = arch_for(model)
     entries: dict[int, dict[str, Any]] = {}
     losses: dict[str, float | None] = {}
 
     def quantize_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
         prefix = f"{arch.layers_path}.{index}."
-        entry, layer_losses = search_layer(layer, arch, inputs, cfg, opts.device, prefix)
+        entry, layer_losses = search_layer(layer, arch, inputs, cfg, opts.device, prefix, dist)
         entries[index] = entry
-        if opts.work_dir is not None:
-            _write_entry(entry, _entry_path(Path(opts.work_dir), index))
+        if opts.work_dir is not None and dist.is_main:
+            write_entry(entry, entry_path(Path(opts.work_dir), index))
         losses.update(layer_losses)
         return {"losses": layer_losses,
                 "ratios": {g["prev_op"]: g["ratio"] for g in entry["scales"]}}
 
     logs = sequential_quantize(
-        model, arch, calib_ids, quantize_layer, device=opts.device, progress=opts.progress,
-        desc="awq", work_dir=opts.work_dir, resume=opts.resume,
-        fingerprint=_fingerprint(model, cfg, calib_ids),
+        model, arch, dist.shard(calib_ids), quantize_layer, device=opts.device,
+        progress=opts.progress and dist.is_main, desc="awq", work_dir=opts.work_dir,
+        resume=opts.resume, fingerprint=_fingerprint(model, cfg, calib_ids) + f"-x{dist.world}",
+        dist=dist,
     )
     n_layers = len(decoder_layers(model, arch))
     for index in range(n_layers):
         if index not in entries:  # finished by an earlier, resumed run
-            entries[index] = _read_entry(_entry_path(Path(opts.work_dir), index))
+            entries[index] = read_entry(entry_path(Path(opts.work_dir), index))
             losses.update(logs.get(str(index), {}).get("losses", {}))
     artifact = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, "config": to_dict(cfg),
                 "layers_path": arch.layers_path, "norm_offset": arch.norm_offset,
                 "layers": [entries[i] for i in range(n_layers)]}
-    if opts.work_dir is not None:
+    if opts.work_dir is not None and dist.is_main:
         path = save_artifact(artifact, Path(opts.work_dir) / ARTIFACT_NAME)
         opts.log(f"AWQ search artifact (scales and clips per layer): {path}")
     return losses, artifact

@@ -24,12 +24,15 @@ class ScaleGroup:
     """AWQ: `prev_op`'s output feeds `linears`; scales fold into `prev_op`.
 
     `block` names the module whose output error scores a scale (the attention or
-    MLP block), so the search sees what the scale does downstream.
+    MLP block), so the search sees what the scale does downstream. `token_wise` says the
+    block maps every token on its own (an MLP, not attention), so its loss may be scored on
+    a token subsample; a block that is a single linear is handled exactly either way.
     """
 
     prev_op: str
     linears: tuple[str, ...]
     block: str
+    token_wise: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +52,9 @@ class ArchSpec:
             ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
             "self_attn",
         ),
-        ScaleGroup("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj"),
-        ScaleGroup("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
-        ScaleGroup("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj"),
+        ScaleGroup("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj", True),
+        ScaleGroup("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp", True),
+        ScaleGroup("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj", True),
     )
     # Norms whose weight multiplies as (1 + w) (Gemma) cannot absorb a scale by plain division.
     norm_offset: float = 0.0
@@ -79,7 +82,7 @@ ARCHS.register("Gemma3ForCausalLM", dataclasses.replace(
     LLAMA_LIKE, norm_offset=1.0,
     scale_groups=(
         LLAMA_LIKE.scale_groups[0], LLAMA_LIKE.scale_groups[1],
-        ScaleGroup("pre_feedforward_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
+        ScaleGroup("pre_feedforward_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp", True),
         LLAMA_LIKE.scale_groups[3],
     ),
 ))

@@ -39,6 +39,14 @@ class DistContext:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def sum_numbers(self, *values: float) -> tuple[float, ...]:
+        """Python numbers summed across ranks (float64 on the backend's device)."""
+        if not self.active:
+            return tuple(float(v) for v in values)
+        t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+        self.all_reduce_sum(t)
+        return tuple(t.tolist())
+
     def all_reduce_min(self, value: int) -> int:
         if not self.active:
             return value

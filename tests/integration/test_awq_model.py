@@ -4,6 +4,7 @@ replays to identical weights, resume, the checkpoint round trip, the CLI, every 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,41 @@ def test_every_selector_output_feeds_awq(selector: str, tiny_model_dir: Path) ->
     losses, artifact = awq_quantize_model(model, FAST, calib.input_ids, RunOptions(progress=False))
     assert len(artifact["layers"]) == 2 and all(v is not None and v >= 0 for v in losses.values())
     assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 14
+
+
+@torch.no_grad()
+def test_group_losses_linear_exact_and_subsampled(mha_model_dir: Path) -> None:
+    """The lone-linear loss (Gram) equals running the linear; a token budget makes the MLP
+    and attention losses score a subset, and the search still never loses to RTN."""
+    from qcal.methods.awq_runner import _block_loss, _group_loss, _search_batches
+    from qcal.model.capture import feed_linear_inputs
+    from qcal.model.distributed import SINGLE
+    from qcal.quant import awq
+
+    model, _, _ = load_model(mha_model_dir)
+    spec = arch_for(model)
+    layer = decoder_layers(model, spec)[0]
+    inputs = capture_layer0_inputs(model, spec, _calib(6, 32), batch_size=2)
+    feats: dict[str, list[torch.Tensor]] = {}
+    feed_linear_inputs(layer, inputs, ["mlp.down_proj", "self_attn.q_proj", "mlp.gate_proj"],
+                       lambda n, x: feats.setdefault(n, []).append(x))
+    down = spec.scale_groups[3]
+    assert down.linears == (down.block,)
+    lin = layer.get_submodule("mlp.down_proj")
+    fake = {"mlp.down_proj": awq.fake_quant(lin.weight.detach(), QuantScheme(3, 32))}
+    exact = _block_loss(lin, {"mlp.down_proj": lin}, feats["mlp.down_proj"],
+                        [{}] * len(feats["mlp.down_proj"]), SINGLE)(fake)
+    gram = _group_loss(layer, down, feats["mlp.down_proj"], inputs.kwargs,
+                       AWQConfig(search_tokens=8), SINGLE)(fake)
+    assert math.isclose(gram, exact, rel_tol=1e-4)
+    assert _search_batches(feats["self_attn.q_proj"], 64) == [0]  # batches of 2 x 32 tokens
+    assert _search_batches(feats["self_attn.q_proj"], 65) == [0, 2]
+    assert _search_batches(feats["self_attn.q_proj"], 0) == [0, 1, 2]
+    for group, rep in ((spec.scale_groups[0], "self_attn.q_proj"),
+                       (spec.scale_groups[2], "mlp.gate_proj")):
+        linears = {n: layer.get_submodule(n) for n in group.linears}
+        weights = {n: m.weight.detach().clone() for n, m in linears.items()}
+        found = awq.search_scale(awq.channel_abs_mean(feats[rep]), weights, _group_loss(
+            layer, group, feats[rep], inputs.kwargs, AWQConfig(search_tokens=64), SINGLE),
+            QuantScheme(4, 32), 5)
+        assert found.loss <= found.rtn_loss and math.isfinite(found.loss)

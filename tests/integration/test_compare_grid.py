@@ -85,6 +85,19 @@ def test_grid_runs_caches_and_resumes_after_interrupt(tiny_model_dir: Path, text
     monkeypatch.setattr(GridRunner, "run_cell", forbidden)
     GridRunner(spec, results, work, progress=False).run()
 
+    # ... unless the cell's recipe changed since (other method settings or code): a cell
+    # recorded under another recipe key is computed again; one without a key is kept.
+    cell_file = results / "cells" / "zipf__gptq.json"
+    record = json.loads(cell_file.read_text())
+    assert len(record["recipe_key"]) == 64
+    runner = GridRunner(spec, results, work, progress=False)
+    assert runner.pending() == []
+    cell_file.write_text(json.dumps({**record, "recipe_key": "0" * 64}))
+    assert [c.key for c in runner.pending()] == ["zipf__gptq"]
+    cell_file.write_text(json.dumps({k: v for k, v in record.items() if k != "recipe_key"}))
+    assert runner.pending() == []
+    cell_file.write_text(json.dumps(record))
+
     report = render_report(results)
     assert set(report["perplexity"]) == set(cells)
     assert (results / "report.md").is_file() and (results / "heatmap_gptq.png").is_file()

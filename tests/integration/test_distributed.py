@@ -28,15 +28,23 @@ def test_owners_balance_the_work() -> None:
     assert torch.equal(ctx.shard(torch.arange(6)), torch.tensor([0, 2, 4]))
 
 
-def _quantize(model: Path, text: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _quantize(model: Path, text: Path, out: Path, method: str, *extra: str
+              ) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([*command_prefix(), "quantize", "--model", str(model), "--method",
-                           "gptq", "--calib", str(text), "--nsamples", "8", "--seqlen", "64",
+                           method, "--calib", str(text), "--nsamples", "8", "--seqlen", "64",
                            "-o", str(out), *extra], env=env, capture_output=True, text=True,
                           timeout=600)
 
 
-def test_two_processes_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("method", "min_same", "max_ppl_change"), [
+    ("gptq", 0.85, 0.01),  # the same Hessians up to float32 summation order
+    # AWQ: statistics, block losses and clip errors are sums over every token (the clip
+    # sample covers all 512 tokens here), so only float rounding can differ.
+    ("awq", 0.97, 0.001),
+])
+def test_two_processes_match_one(method: str, min_same: float, max_ppl_change: float,
+                                 tiny_model_dir: Path, tmp_path: Path) -> None:
     from qcal.config import EvalConfig
     from qcal.eval.job import run_evaluation
     from qcal.packing.checkpoint import load_checkpoint, quant_modules
@@ -44,8 +52,8 @@ def test_two_processes_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:
 
     text = tmp_path / "calib.txt"
     text.write_text("\n\n".join(stdlib_text()[:80]), encoding="utf-8")
-    one = _quantize(tiny_model_dir, text, tmp_path / "one")
-    two = _quantize(tiny_model_dir, text, tmp_path / "two", "--nproc", "2")
+    one = _quantize(tiny_model_dir, text, tmp_path / "one", method)
+    two = _quantize(tiny_model_dir, text, tmp_path / "two", method, "--nproc", "2")
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     a, b = load_checkpoint(tmp_path / "one"), load_checkpoint(tmp_path / "two")
@@ -54,17 +62,15 @@ def test_two_processes_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:
         ca, cb = codes_of(layer).codes, codes_of(quant_modules(b)[name]).codes
         same += int((ca == cb).sum())
         total += ca.numel()
-    assert same / total > 0.85  # the same Hessians up to float32 summation order
+    print(f"{method}: identical codes {same / total:.4f}")
+    assert same / total > min_same
 
     def ppl(ckpt: Path) -> float:
         out = run_evaluation(ckpt, EvalConfig(seqlen=64, max_windows=20), text_file=text,
                              progress=False, device="cpu")
         return out.data["perplexity"]["model"]["file"]["ppl"]
 
-    assert abs(ppl(tmp_path / "two") / ppl(tmp_path / "one") - 1) < 0.01
+    assert abs(ppl(tmp_path / "two") / ppl(tmp_path / "one") - 1) < max_ppl_change
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == ["two"]
-    awq = subprocess.run([*command_prefix(), "quantize", "--model", str(tiny_model_dir),
-                          "--method", "awq", "--calib", str(text), "--nsamples", "4",
-                          "--seqlen", "32", "--nproc", "2", "-o", str(tmp_path / "awq2")],
-                         capture_output=True, text=True, timeout=600)
-    assert awq.returncode != 0 and "AWQ under torchrun is not supported yet" in awq.stderr
+    if method == "awq":  # rank 0 wrote the replayable search artifact
+        assert (tmp_path / "two" / "artifacts" / "awq_search.safetensors").is_file()

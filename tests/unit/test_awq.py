@@ -153,6 +153,17 @@ def test_awq_scale_beats_rtn_on_activations_with_outlier_channels() -> None:
     assert math.isclose(found.rtn_loss, rtn_loss, rel_tol=1e-6)
     assert found.ratio > 0 and found.loss < 0.8 * rtn_loss
     assert len(found.losses) == 20 and found.loss == min(found.losses)
+    calls: list[float] = []
+
+    def counted(fake: dict[str, torch.Tensor]) -> float:
+        calls.append(0.0)
+        return block_loss(fake)
+
+    quick = awq.search_scale(awq.channel_abs_mean([x]), {"w": w}, counted, scheme,
+                             coarse_to_fine=True)
+    assert len(calls) == 12 and quick.losses.count(None) == 8  # 10 coarse + 2 neighbours
+    assert quick.ratio == found.ratio and quick.loss == found.loss  # the same choice here
+    assert quick.rtn_loss == found.rtn_loss
     # Folded form: quantized (W * s) applied to x / s reproduces the searched loss.
     q = rtn_quantize(w * found.scale, scheme).dequantize()
     assert math.isclose(float(((x / found.scale) @ q.T - ref).pow(2).mean()), found.loss, rel_tol=1e-3)
@@ -240,3 +251,59 @@ def test_arch_specs_name_awq_groups() -> None:
     gemma = ARCHS.get("Gemma3ForCausalLM")
     assert gemma.norm_offset == 1.0
     assert gemma.scale_groups[2].prev_op == "pre_feedforward_layernorm"
+
+
+def test_gram_loss_equals_the_direct_output_error() -> None:
+    torch.manual_seed(3)
+    xs = [torch.randn(2, 7, 24), torch.randn(3, 7, 24)]
+    w = torch.randn(10, 24)
+    fake = awq.fake_quant(w, QuantScheme(3, 8))
+    gram, count = awq.input_gram(xs)
+    flat = torch.cat([x.reshape(-1, 24) for x in xs])
+    direct = float((flat @ (fake - w).T).pow(2).mean())
+    assert count == 35
+    assert math.isclose(awq.gram_output_loss(fake - w, gram, count), direct, rel_tol=1e-4)
+    total, n = awq.channel_abs_sum(xs)
+    assert n == 35 and torch.allclose(total / n, awq.channel_abs_mean(xs))
+
+
+def test_clip_search_summed_over_two_shards_equals_one_process() -> None:
+    """What two data-parallel ranks compute (errors summed across shards, divided by all
+    tokens) picks the thresholds one process picks on the concatenated tokens."""
+    torch.manual_seed(4)
+    w = torch.randn(12, 64)
+    w[:, 3] *= 6
+    x = torch.randn(128, 64)
+    scheme = QuantScheme(4, 32)
+    one = awq.search_clip(w, x, scheme, out_batch=5)
+    halves = (x[:64], x[64:])
+    # A stand-in for all_reduce: each call adds the other shard's partial sum, which is
+    # what the shard's twin rank contributes at the same point of the loop.
+    partials: list[torch.Tensor] = []
+    awq.search_clip(w, halves[1], scheme, out_batch=5,
+                    reduce=lambda t: partials.append(t.clone()) or t, total_tokens=128)
+    other = iter(partials)
+    two = awq.search_clip(w, halves[0], scheme, out_batch=5,
+                          reduce=lambda t: t + next(other), total_tokens=128)
+    assert torch.allclose(one, two)
+    assert not torch.equal(one, awq.search_clip(w, halves[0], scheme, out_batch=5))
+
+
+def test_coarse_to_fine_refines_around_the_coarse_best() -> None:
+    """A loss whose minimum (ratio 0.35, grid index 7) lies between two coarse points."""
+    first, refine = awq.search_order(20, True)
+    assert first == list(range(0, 20, 2)) and refine
+    assert awq.search_order(3, True) == ([0, 1, 2], False)  # too few points to thin out
+    # Calls come in a fixed order: the even indices, then the coarse best's neighbours. The
+    # coarse losses at 0.3 and 0.4 tie; the smaller ratio wins, so 0.25 and 0.35 follow.
+    order = iter([*first, 5, 7])
+    ratios = awq.ratio_grid(20)
+    seen: list[float] = []
+
+    def block_loss(fake: dict[str, torch.Tensor]) -> float:
+        seen.append(ratios[next(order)])
+        return (seen[-1] - 0.35) ** 2
+
+    found = awq.search_scale(torch.linspace(0.5, 2.0, 8), {"w": torch.randn(4, 8)}, block_loss,
+                             QuantScheme(4, 8), coarse_to_fine=True)
+    assert found.ratio == 0.35 and len(seen) == 12

@@ -1,0 +1,285 @@
+#!/usr/bin/env python
+"""qcal vs its peers on the same calibration ids, in one run: GPTQ vs GPTQModel, AWQ vs
+AutoAWQ, and today's AWQ vs the AWQ of an earlier qcal commit.
+
+Every quantizer runs as a subprocess under `/usr/bin/time -v` (process wall, peak RSS),
+one after the other on the same machine; the quantize step's own time comes from each
+tool's log. Peers live in their own virtualenvs under runs/ (built here when missing,
+pinned, never project dependencies): GPTQModel 7.6.0 (scripts/setup_peer_venv.sh) and
+AutoAWQ 0.2.9 (with transformers 4.51.3, the last it supports). qcal's loader scores every
+checkpoint on the same held-out windows (one scorer). Results: results/peers.{json,md}.
+Each step is cached in runs/bench_peers/state.json, so an interrupted run resumes.
+
+    python scripts/bench_peers.py [--autoawq-layers 3 | --autoawq-full] [--fresh]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from safetensors.torch import save_file  # noqa: E402
+
+from qcal.calib import resolve_calib  # noqa: E402
+from qcal.cli import command_prefix  # noqa: E402
+from qcal.data import eval_text  # noqa: E402
+from qcal.eval.perplexity import perplexity_of_ids, tokenize_text  # noqa: E402
+from qcal.model.loading import load_model, resolve_model_dir  # noqa: E402
+from qcal.paths import results_dir, runs_dir  # noqa: E402
+from qcal.results import (  # noqa: E402
+    atomic_write_text,
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    timed_command,
+    write_results,
+)
+
+# The last commit before the AWQ speed work (Gram loss for lone linears, token budget).
+BASELINE_REV = "4112516"
+AUTOAWQ_PINS = ["torch==2.13.0", "transformers==4.51.3", "autoawq==0.2.9"]
+
+
+def ensure_autoawq(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not (python.exists() and subprocess.run([str(python), "-c", "import awq"],
+                                               capture_output=True).returncode == 0):
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", *AUTOAWQ_PINS], check=True)
+    return python
+
+
+def ensure_gptqmodel(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run(["bash", str(ROOT / "scripts" / "setup_peer_venv.sh")], check=True,
+                       env={**os.environ, "PEER_VENV": str(venv)})
+    return python
+
+
+def baseline_source(rev: str, dest: Path) -> Path:
+    """qcal's package as it was at `rev` (git archive): run with PYTHONPATH=dest."""
+    if not (dest / "qcal" / "__init__.py").is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "qcal"],
+                                 capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def peer_version(python: Path, probe: str) -> str:
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else out.stderr.strip()[-300:]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nsamples", type=int, default=32)
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--calib", default="debian-handbook")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gptq-group", type=int, default=128)
+    p.add_argument("--awq-group", type=int, default=64,
+                   help="64: AutoAWQ needs the group size to divide every in_features (576)")
+    p.add_argument("--baseline-rev", default=BASELINE_REV)
+    p.add_argument("--autoawq-layers", type=int, default=3,
+                   help="time AutoAWQ's first N layers only (0: the whole model, --autoawq-full)")
+    p.add_argument("--autoawq-full", action="store_true")
+    p.add_argument("--only", nargs="*", default=None,
+                   help="steps to run (qcal-gptq gptqmodel qcal-awq qcal-awq-baseline autoawq)")
+    p.add_argument("--fresh", action="store_true", help="discard cached steps and start over")
+    p.add_argument("--out", type=Path, default=results_dir() / "peers")
+    args = p.parse_args()
+    layers = 0 if args.autoawq_full else args.autoawq_layers
+
+    work = runs_dir() / "bench_peers"
+    if args.fresh:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = resolve_model_dir(None)
+    _, tok, _ = load_model(model_dir)
+    calib = resolve_calib(args.calib, tok, nsamples=args.nsamples, seqlen=args.seqlen,
+                          seed=args.seed)
+    ids = tokenize_text(tok, eval_text("en"))
+    n_windows = ids.numel() // 512
+    windows = ids[: n_windows * 512].view(n_windows, 512)
+    setting = {"calib": calib.manifest.get("digest"), "gptq_group": args.gptq_group,
+               "awq_group": args.awq_group, "baseline_rev": args.baseline_rev,
+               "autoawq_layers": layers, "windows": n_windows}
+    state_file = work / "state.json"
+    state: dict[str, Any] = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    if state.get("setting") not in (None, setting):
+        raise SystemExit(f"{work} holds a run with other settings; pass --fresh")
+    state["setting"] = setting
+
+    def step(key: str, fn: Any) -> Any:
+        if key not in state and (args.only is None or key.split("/")[0] in args.only):
+            print(f"== {key}", flush=True)
+            state[key] = fn()
+            atomic_write_text(state_file, json.dumps(state, indent=1))
+        return state.get(key)
+
+    save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
+    common = ["--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
+              str(args.seqlen), "--seed", str(args.seed), "--device", "cpu", "--overwrite"]
+
+    def qcal_run(name: str, method_args: list[str], pythonpath: Path | None = None) -> dict[str, Any]:
+        out = work / name
+        cmd = [*command_prefix(), "quantize", *method_args, *common, "-o", str(out)]
+        if pythonpath is not None:  # an earlier commit's package, same interpreter and venv
+            cmd = [sys.executable, "-m", "qcal", *cmd[len(command_prefix()):]]
+        print("$", " ".join(cmd), flush=True)
+        env = {"PYTHONPATH": str(pythonpath)} if pythonpath else None
+        run = timed_command(cmd, env=env, cwd=ROOT)
+        if run["returncode"] == 0:
+            log = json.loads((out / "quant_log.json").read_text())
+            run["quantize_seconds"] = log["quantize_seconds"]
+            run["same_calibration"] = (log.get("calibration") or {}).get("digest") == setting["calib"]
+        else:
+            print(run["error_tail"], file=sys.stderr)
+        return run
+
+    def peer_run(python: Path, cmd: list[str], result: Path, env: dict[str, str] | None = None
+                 ) -> dict[str, Any]:
+        print("$", " ".join(cmd), flush=True)
+        run = timed_command([str(python), *cmd], env=env, cwd=ROOT)
+        if run["returncode"] == 0:
+            run.update(json.loads(result.read_text()))
+        else:
+            print(run["error_tail"], file=sys.stderr)
+        return run
+
+    gptq_args = ["--method", "gptq", "--bits", "4", "--group-size", str(args.gptq_group),
+                 "--allow-ragged-groups", "--sym", "--damp", "0.01"]
+    awq_args = ["--method", "awq", "--bits", "4", "--group-size", str(args.awq_group)]
+    step("qcal-gptq", lambda: qcal_run("qcal-gptq", gptq_args))
+    gm_python = ensure_gptqmodel(runs_dir() / "peer-venv") if (
+        args.only is None or "gptqmodel" in args.only) else None
+    step("gptqmodel", lambda: peer_run(
+        gm_python, [str(ROOT / "scripts" / "peer_gptqmodel_worker.py"), "quantize", str(model_dir),
+                    str(work / "calib.safetensors"), str(work / "gptqmodel"),
+                    str(work / "gptqmodel.json"), "--sym", "--group", str(args.gptq_group)],
+        work / "gptqmodel.json", {"GPTQMODEL_CPU_WORKERS": "2"}))
+    step("qcal-awq", lambda: qcal_run("qcal-awq", awq_args))
+    step("qcal-awq-baseline", lambda: qcal_run(
+        "qcal-awq-baseline", awq_args, baseline_source(args.baseline_rev, work / "baseline-src")))
+    aa_python = ensure_autoawq(runs_dir() / "awq-venv") if (
+        args.only is None or "autoawq" in args.only) else None
+    step("autoawq", lambda: peer_run(
+        aa_python, [str(ROOT / "scripts" / "peer_autoawq_worker.py"), str(model_dir),
+                    str(work / "calib.safetensors"), str(work / "autoawq"),
+                    str(work / "autoawq.json"), "--group", str(args.awq_group),
+                    "--max-layers", str(layers)], work / "autoawq.json"))
+
+    def score(path: Path) -> dict[str, Any]:
+        net, _, _ = load_model(path)
+        res = perplexity_of_ids(net, windows.reshape(-1), 512, None, 4, None, progress=True,
+                                desc=f"ppl[{path.name}]")
+        return {"ppl": res.ppl, "tokens": res.tokens}
+
+    step("ppl/float", lambda: score(model_dir))
+    for name in ("qcal-gptq", "gptqmodel", "qcal-awq", "qcal-awq-baseline", "autoawq"):
+        run = state.get(name)
+        if run and run["returncode"] == 0 and run.get("finished", True):
+            step(f"ppl/{name}", lambda n=name: score(work / n))
+    data = {"setting": setting, "state": state, "provenance": provenance(
+        model=str(model_dir), calibration=f"{args.calib}, random selector, {args.nsamples} x "
+        f"{args.seqlen}, seed {args.seed} (digest {setting['calib'][:12]}); the same ids for "
+        "every quantizer",
+        evaluation=f"qcal's loader and scorer, all {n_windows} held-out English windows of 512",
+        peers="; ".join([
+            peer_version(gm_python, "import gptqmodel, transformers; print('GPTQModel', "
+                         "gptqmodel.__version__, 'transformers', transformers.__version__)")
+            if gm_python else "GPTQModel: not run now",
+            peer_version(aa_python, "import awq, transformers; print('AutoAWQ', awq.__version__, "
+                         "'transformers', transformers.__version__)")
+            if aa_python else "AutoAWQ: not run now"]),
+        peer_install="scripts/setup_peer_venv.sh (GPTQModel 7.6.0, torch 2.13.0 CPU); "
+                     f"python -m venv runs/awq-venv && pip install {' '.join(AUTOAWQ_PINS)}")}
+    write_results(args.out, data, render(data))
+    print(f"wrote {args.out}.json/.md")
+    return 0
+
+
+def _row(name: str, what: str, run: dict[str, Any] | None, ppl: dict[str, Any] | None
+         ) -> list[Any]:
+    if not run:
+        return [name, what, "not run", "", "", "", "", ""]
+    if run["returncode"] != 0:
+        return [name, what, "failed: " + run.get("error_tail", "").strip().splitlines()[-1][:120],
+                "", "", "", "", ""]
+    layers = run.get("layer_seconds")
+    per_layer = (sum(layers) / len(layers)) if layers else None
+    return [name, what, run["wall_seconds"], run.get("quantize_seconds") or "-",
+            round(per_layer, 1) if per_layer else "-", run["max_rss_mib"],
+            round(ppl["ppl"], 3) if ppl else "-",
+            f"{run['load_before'][0]} / {run['load_after'][0]}"]
+
+
+def render(data: dict[str, Any]) -> str:
+    st, s = data["state"], data["setting"]
+    head = ["quantizer", "settings", "process wall s", "quantize s", "s / layer", "peak RSS MiB",
+            "ppl (en)", "load 1-min before / after"]
+    rows = [
+        _row("qcal GPTQ", f"w4 g{s['gptq_group']} sym, damp 0.01", st.get("qcal-gptq"),
+             st.get("ppl/qcal-gptq")),
+        _row("GPTQModel", "same", st.get("gptqmodel"), st.get("ppl/gptqmodel")),
+        _row("qcal AWQ", f"w4 g{s['awq_group']} asym, 20 ratios", st.get("qcal-awq"),
+             st.get("ppl/qcal-awq")),
+        _row(f"qcal AWQ @ {s['baseline_rev']}", "same (before the speed work)",
+             st.get("qcal-awq-baseline"), st.get("ppl/qcal-awq-baseline")),
+        _row("AutoAWQ", "same, no duo scaling" + (
+            f"; first {s['autoawq_layers']} layers only" if s["autoawq_layers"] else ""),
+             st.get("autoawq"), st.get("ppl/autoawq")),
+    ]
+    md = ["# qcal vs GPTQModel and AutoAWQ on the same calibration ids", "",
+          f"Float model perplexity on the same windows: {st['ppl/float']['ppl']:.3f}"
+          if st.get("ppl/float") else "", "",
+          markdown_table(head, rows), "", *_ratios(st, s), "",
+          "quantize s: the quantize step as each tool logs it (qcal: quant_log.json; peers: the "
+          "worker's timer around `quantize()`), without start-up, model load and save; process "
+          "wall s includes them. s / layer for AutoAWQ: from the start of one layer's search to "
+          "the next; qcal's per-layer time is its quantize s / 30. Peak RSS: the largest "
+          "resident set of the process (GNU time).", "",
+          "## Provenance", "", provenance_markdown(data["provenance"])]
+    return "\n".join(md)
+
+
+def _ratios(st: dict[str, Any], s: dict[str, Any]) -> list[str]:
+    def q(key: str) -> float | None:
+        run = st.get(key) or {}
+        return run.get("quantize_seconds") if run.get("returncode") == 0 else None
+
+    lines = []
+    if q("qcal-gptq") and q("gptqmodel"):
+        lines.append(f"- GPTQ quantize step: qcal / GPTQModel = {q('qcal-gptq') / q('gptqmodel'):.2f} "
+                     "(target <= 0.75)")
+    if q("qcal-awq") and q("qcal-awq-baseline"):
+        lines.append(f"- AWQ: today's qcal is {q('qcal-awq-baseline') / q('qcal-awq'):.2f}x "
+                     f"faster than qcal at {s['baseline_rev']} (target >= 3)")
+    aa = st.get("autoawq") or {}
+    if q("qcal-awq") and aa.get("layer_seconds"):
+        per = sum(aa["layer_seconds"]) / len(aa["layer_seconds"])
+        lines.append(f"- AWQ per layer: AutoAWQ {per:.1f} s vs qcal {q('qcal-awq') / 30:.1f} s "
+                     f"({per / (q('qcal-awq') / 30):.1f}x)" + (
+                         f"; AutoAWQ timed on its first {len(aa['layer_seconds'])} layers only"
+                         if not aa.get("finished") else ""))
+    for a, b in (("qcal-gptq", "gptqmodel"), ("qcal-awq", "qcal-awq-baseline"),
+                 ("qcal-awq", "autoawq")):
+        pa, pb = st.get(f"ppl/{a}"), st.get(f"ppl/{b}")
+        if pa and pb:
+            lines.append(f"- perplexity {a} vs {b}: {100 * (pa['ppl'] / pb['ppl'] - 1):+.2f}%")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
