@@ -2,7 +2,8 @@
 # The one prepared GPU check, end to end: the Triton kernel tests against the torch
 # reference, the pipeline on CUDA (GPTQ and AWQ quantize with --device cuda and agree with
 # CPU-made checkpoints, eval through the Triton kernel equals the reference, a two-cell
-# comparison grid on the GPU: tests/gpu/test_pipeline_gpu.py), then the GPU part of
+# comparison grid on the GPU, torchrun with nccl where there are two GPUs:
+# tests/gpu/test_pipeline_gpu.py), then the GPU part of
 # scripts/bench_kernels.py.
 #
 # Run from the repository root on a machine with a CUDA GPU, torch, triton, transformers,

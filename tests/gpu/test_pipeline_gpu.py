@@ -80,3 +80,26 @@ def test_two_cell_grid_on_cuda(tiny, tmp_path: Path) -> None:
     cells = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False, device="cuda").run()
     assert {"float", "none__rtn", "random__gptq"} <= set(cells)
     assert cells["random__gptq"]["eval"]["settings"]["device"] == "cuda"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="nccl needs one GPU per process: two or more GPUs")
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_torchrun_nccl_two_gpus_match_one(tiny, tmp_path: Path, method: str) -> None:
+    """`--nproc 2 --device cuda`: two processes on two GPUs (nccl) score like one."""
+    import os
+    import subprocess
+    import sys
+
+    model, text = tiny
+    _quantize(model, text, tmp_path / "one", method, "cuda")
+    run = subprocess.run([sys.executable, "-m", "qcal", "quantize", "--model", str(model),
+                          "--method", method, "--group-size", "64", "--calib", str(text),
+                          "--nsamples", "8", "--seqlen", "64", "--device", "cuda",
+                          "--nproc", "2", "-o", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr[-2000:]
+    log = json.loads((tmp_path / "two" / "quant_log.json").read_text())
+    assert log["processes"] == 2
+    one, two = _ppl(tmp_path / "one", text, "cpu"), _ppl(tmp_path / "two", text, "cpu")
+    assert abs(two - one) / one < 0.02, (one, two)
