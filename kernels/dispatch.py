@@ -141,6 +141,19 @@ def select_backend(layer: QuantLinear, x: torch.Tensor) -> str:
     return "reference"
 
 
+def prime_reference(layer: QuantLinear, weight: torch.Tensor) -> None:
+    """Give the reference path the float weight [out, in] it would otherwise dequantize from
+    the packed buffers, for inputs of weight's dtype and device. A quantizer that has just
+    made the layer holds exactly these values (scale times code minus zero, with the
+    layer's own scale dtype) and saves the unpacking; the entry is dropped like any other
+    when the buffers change."""
+    if tuple(weight.shape) != (layer.out_features, layer.in_features):
+        raise KernelError(f"primed weight has shape {tuple(weight.shape)}, the layer is "
+                          f"[{layer.out_features}, {layer.in_features}]")
+    key = f"ref:{weight.dtype}:{weight.device}"
+    layer._kernel_cache[key] = (_weights_version(layer), weight.detach().contiguous())
+
+
 def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     def build() -> torch.Tensor:
         w = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits, x.dtype)

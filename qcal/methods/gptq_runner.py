@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from qcal_kernels.dispatch import prime_reference
 from torch import nn
 
 from qcal.config import GPTQConfig
@@ -23,6 +24,8 @@ from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.loading import DTYPES
 from qcal.model.offload import DiskWeights
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
+from qcal.packing.qlinear import QuantLinear
+from qcal.quant import intgrid as grid
 from qcal.quant.base import QuantResult
 from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian, hessian_loss
@@ -111,9 +114,17 @@ def quantize_layer_gptq(
             for name in names:
                 rows = linears[name].out_features
                 part = _rows(result, start, start + rows)
-                part.loss = hessian_loss(linears[name].weight.data, part.dequantize(),
-                                         sink.hessian(name).float())
-                apply_result(layer, name, part, packed)
+                float_weight = linears[name].weight.data
+                new = apply_result(layer, name, part, packed)
+                # The weight the layer now computes with (a packed layer's scales are float16):
+                # it scores the loss, and the packed layer's forward reuses it for the next
+                # steps' calibration passes instead of unpacking its codes again.
+                dense = grid.dequantize_grouped(
+                    part.codes, part.scales.to(new.scales.dtype) if isinstance(new, QuantLinear)
+                    else part.scales, part.zeros, part.g_idx).to(float_weight.dtype)
+                if isinstance(new, QuantLinear):
+                    prime_reference(new, dense)
+                part.loss = hessian_loss(float_weight, dense, sink.hessian(name).float())
                 losses[name] = part.loss
                 start += rows
         del sink

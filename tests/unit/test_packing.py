@@ -51,3 +51,32 @@ def test_quant_linear_reproduces_fake_quant(group_size: int, sym: bool) -> None:
     torch.testing.assert_close(layer(x), x @ res.dequantize().T + b, rtol=1e-5, atol=1e-5)
     deq = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, 4)
     torch.testing.assert_close(deq.T, res.dequantize())
+
+
+def test_primed_reference_weight_equals_unpacked_and_expires() -> None:
+    """What GPTQ hands the reference path (dequantized with the layer's float16 scales) is
+    bit for bit what the path would unpack; a change to the buffers drops it."""
+    from qcal_kernels.dispatch import prime_reference
+    from qcal_kernels.errors import KernelError
+    from qcal_kernels.reference import dequantize_packed
+
+    from qcal.config import QuantScheme
+    from qcal.packing.qlinear import QuantLinear
+    from qcal.quant import intgrid
+    from qcal.quant.base import rtn_quantize
+
+    torch.manual_seed(5)
+    result = rtn_quantize(torch.randn(48, 96), QuantScheme(4, 32))
+    layer = QuantLinear.from_result(result, None)
+    dense = intgrid.dequantize_grouped(result.codes, result.scales.to(layer.scales.dtype),
+                                       result.zeros, result.g_idx)
+    unpacked = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, 4).T
+    assert torch.equal(dense, unpacked)
+    prime_reference(layer, dense)
+    x = torch.randn(3, 96)
+    expected = torch.nn.functional.linear(x, unpacked.contiguous())
+    assert torch.equal(layer(x), expected)
+    layer.scales.mul_(2)  # new buffers: the primed weight must not be used
+    assert torch.allclose(layer(x), 2 * expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(KernelError, match="shape"):
+        prime_reference(layer, dense.T)
