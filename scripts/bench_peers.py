@@ -67,7 +67,7 @@ def ensure_gptqmodel(venv: Path) -> Path:
 
 
 def baseline_source(rev: str, dest: Path) -> Path:
-    """qcal's package as it was at `rev` (git archive): run with PYTHONPATH=dest."""
+    """qcal's package as it was at `rev` (git archive), unpacked under `dest`."""
     if not (dest / "qcal" / "__init__.py").is_file():
         dest.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "qcal"],
@@ -135,11 +135,18 @@ def main() -> int:
     def qcal_run(name: str, method_args: list[str], pythonpath: Path | None = None) -> dict[str, Any]:
         out = work / name
         cmd = [*command_prefix(), "quantize", *method_args, *common, "-o", str(out)]
-        if pythonpath is not None:  # an earlier commit's package, same interpreter and venv
+        env, cwd = None, ROOT
+        if pythonpath is not None:
+            # An earlier commit's package in the same venv: `-m` puts the working directory
+            # first on sys.path, so run from the unpacked source; QCAL_HOME finds the models.
             cmd = [sys.executable, "-m", "qcal", *cmd[len(command_prefix()):]]
+            env, cwd = {"QCAL_HOME": str(ROOT)}, pythonpath
         print("$", " ".join(cmd), flush=True)
-        env = {"PYTHONPATH": str(pythonpath)} if pythonpath else None
-        run = timed_command(cmd, env=env, cwd=ROOT)
+        run = timed_command(cmd, env=env, cwd=cwd)
+        where = subprocess.run([sys.executable, "-c", "import qcal; print(qcal.__file__)"],
+                               capture_output=True, text=True, cwd=cwd,
+                               env={**os.environ, **(env or {})})
+        run["qcal_package"] = where.stdout.strip()  # proves which code ran
         if run["returncode"] == 0:
             log = json.loads((out / "quant_log.json").read_text())
             run["quantize_seconds"] = log["quantize_seconds"]
