@@ -198,7 +198,11 @@ def main() -> int:
         run = state.get(name)
         if run and run["returncode"] == 0 and run.get("finished", True):
             step(f"ppl/{name}", lambda n=name: score(work / n))
-    data = {"setting": setting, "state": state, "provenance": provenance(
+    file_mib = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**20
+    n_layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
+    data = {"setting": setting, "state": state, "model_file_mib": round(file_mib, 1),
+            "n_layers": n_layers,
+            "provenance": provenance(
         model=str(model_dir), calibration=f"{args.calib}, random selector, {args.nsamples} x "
         f"{args.seqlen}, seed {args.seed} (digest {setting['calib'][:12]}); the same ids for "
         "every quantizer",
@@ -217,15 +221,16 @@ def main() -> int:
     return 0
 
 
-def _row(name: str, what: str, run: dict[str, Any] | None, ppl: dict[str, Any] | None
-         ) -> list[Any]:
+def _row(name: str, what: str, run: dict[str, Any] | None, ppl: dict[str, Any] | None,
+         n_layers: int) -> list[Any]:
     if not run:
         return [name, what, "not run", "", "", "", "", ""]
     if run["returncode"] != 0:
         return [name, what, "failed: " + run.get("error_tail", "").strip().splitlines()[-1][:120],
                 "", "", "", "", ""]
     layers = run.get("layer_seconds")
-    per_layer = (sum(layers) / len(layers)) if layers else None
+    per_layer = (sum(layers) / len(layers)) if layers else (
+        run["quantize_seconds"] / n_layers if run.get("quantize_seconds") else None)
     return [name, what, run["wall_seconds"], run.get("quantize_seconds") or "-",
             round(per_layer, 1) if per_layer else "-", run["max_rss_mib"],
             round(ppl["ppl"], 3) if ppl else "-",
@@ -233,35 +238,43 @@ def _row(name: str, what: str, run: dict[str, Any] | None, ppl: dict[str, Any] |
 
 
 def render(data: dict[str, Any]) -> str:
-    st, s = data["state"], data["setting"]
+    st, s, n = data["state"], data["setting"], data["n_layers"]
     head = ["quantizer", "settings", "process wall s", "quantize s", "s / layer", "peak RSS MiB",
             "ppl (en)", "load 1-min before / after"]
     rows = [
         _row("qcal GPTQ", f"w4 g{s['gptq_group']} sym, damp 0.01", st.get("qcal-gptq"),
-             st.get("ppl/qcal-gptq")),
-        _row("GPTQModel", "same", st.get("gptqmodel"), st.get("ppl/gptqmodel")),
-        _row("qcal AWQ", f"w4 g{s['awq_group']} asym, 20 ratios", st.get("qcal-awq"),
-             st.get("ppl/qcal-awq")),
-        _row(f"qcal AWQ @ {s['baseline_rev']}", "same (before the speed work)",
-             st.get("qcal-awq-baseline"), st.get("ppl/qcal-awq-baseline")),
+             st.get("ppl/qcal-gptq"), n),
+        _row("GPTQModel", "same", st.get("gptqmodel"), st.get("ppl/gptqmodel"), n),
+        _row("qcal AWQ", f"w4 g{s['awq_group']} asym, qcal's defaults", st.get("qcal-awq"),
+             st.get("ppl/qcal-awq"), n),
+        _row(f"qcal AWQ @ {s['baseline_rev']}", "same flags, code before the speed work",
+             st.get("qcal-awq-baseline"), st.get("ppl/qcal-awq-baseline"), n),
         _row("AutoAWQ", "same, no duo scaling" + (
             f"; first {s['autoawq_layers']} layers only" if s["autoawq_layers"] else ""),
-             st.get("autoawq"), st.get("ppl/autoawq")),
+             st.get("autoawq"), st.get("ppl/autoawq"), n),
     ]
     md = ["# qcal vs GPTQModel and AutoAWQ on the same calibration ids", "",
           f"Float model perplexity on the same windows: {st['ppl/float']['ppl']:.3f}"
           if st.get("ppl/float") else "", "",
-          markdown_table(head, rows), "", *_ratios(st, s), "",
+          markdown_table(head, rows), "", *_ratios(st, s, n), _rss_line(st, data["model_file_mib"]),
+          "",
           "quantize s: the quantize step as each tool logs it (qcal: quant_log.json; peers: the "
           "worker's timer around `quantize()`), without start-up, model load and save; process "
           "wall s includes them. s / layer for AutoAWQ: from the start of one layer's search to "
-          "the next; qcal's per-layer time is its quantize s / 30. Peak RSS: the largest "
+          "the next; qcal's is its quantize s over the layer count. Peak RSS: the largest "
           "resident set of the process (GNU time).", "",
           "## Provenance", "", provenance_markdown(data["provenance"])]
     return "\n".join(md)
 
 
-def _ratios(st: dict[str, Any], s: dict[str, Any]) -> list[str]:
+def _rss_line(st: dict[str, Any], file_mib: float) -> str:
+    qcal = {k: (st.get(k) or {}).get("max_rss_mib") for k in ("qcal-gptq", "qcal-awq")}
+    parts = [f"{k} {v:.0f} MiB = {v / file_mib:.2f}x" for k, v in qcal.items() if v]
+    return (f"- peak RSS against the float model file ({file_mib:.0f} MiB; target < 2x): "
+            + ", ".join(parts)) if parts else ""
+
+
+def _ratios(st: dict[str, Any], s: dict[str, Any], n_layers: int) -> list[str]:
     def q(key: str) -> float | None:
         run = st.get(key) or {}
         return run.get("quantize_seconds") if run.get("returncode") == 0 else None
@@ -276,8 +289,9 @@ def _ratios(st: dict[str, Any], s: dict[str, Any]) -> list[str]:
     aa = st.get("autoawq") or {}
     if q("qcal-awq") and aa.get("layer_seconds"):
         per = sum(aa["layer_seconds"]) / len(aa["layer_seconds"])
-        lines.append(f"- AWQ per layer: AutoAWQ {per:.1f} s vs qcal {q('qcal-awq') / 30:.1f} s "
-                     f"({per / (q('qcal-awq') / 30):.1f}x)" + (
+        mine = q("qcal-awq") / n_layers
+        lines.append(f"- AWQ per layer: AutoAWQ {per:.1f} s vs qcal {mine:.1f} s "
+                     f"(qcal {per / mine:.1f}x faster)" + (
                          f"; AutoAWQ timed on its first {len(aa['layer_seconds'])} layers only"
                          if not aa.get("finished") else ""))
     for a, b in (("qcal-gptq", "gptqmodel"), ("qcal-awq", "qcal-awq-baseline"),
