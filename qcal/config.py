@@ -139,7 +139,7 @@ class AWQConfig:
     clip_grid: int = 20
     max_shrink: float = 0.5
     clip_tokens: int = 512
-    search_tokens: int = 8192
+    search_tokens: int = 4096
     coarse_to_fine: bool = True
 
     def __post_init__(self) -> None:

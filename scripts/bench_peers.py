@@ -91,6 +91,8 @@ def main() -> int:
     p.add_argument("--awq-group", type=int, default=64,
                    help="64: AutoAWQ needs the group size to divide every in_features (576)")
     p.add_argument("--baseline-rev", default=BASELINE_REV)
+    p.add_argument("--awq-seeds", type=int, nargs="*", default=[1],
+                   help="further calibration seeds for both qcal AWQ runs (quality, not speed)")
     p.add_argument("--autoawq-layers", type=int, default=3,
                    help="time AutoAWQ's first N layers only (0: the whole model, --autoawq-full)")
     p.add_argument("--autoawq-full", action="store_true")
@@ -114,7 +116,7 @@ def main() -> int:
     windows = ids[: n_windows * 512].view(n_windows, 512)
     setting = {"calib": calib.manifest.get("digest"), "gptq_group": args.gptq_group,
                "awq_group": args.awq_group, "baseline_rev": args.baseline_rev,
-               "autoawq_layers": layers, "windows": n_windows}
+               "autoawq_layers": layers, "windows": n_windows, "awq_seeds": args.awq_seeds}
     state_file = work / "state.json"
     state: dict[str, Any] = json.loads(state_file.read_text()) if state_file.is_file() else {}
     if state.get("setting") not in (None, setting):
@@ -129,11 +131,12 @@ def main() -> int:
         return state.get(key)
 
     save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
-    common = ["--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
-              str(args.seqlen), "--seed", str(args.seed), "--device", "cpu", "--overwrite"]
 
-    def qcal_run(name: str, method_args: list[str], pythonpath: Path | None = None) -> dict[str, Any]:
+    def qcal_run(name: str, method_args: list[str], pythonpath: Path | None = None,
+                 seed: int = args.seed) -> dict[str, Any]:
         out = work / name
+        common = ["--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
+                  str(args.seqlen), "--seed", str(seed), "--device", "cpu", "--overwrite"]
         cmd = [*command_prefix(), "quantize", *method_args, *common, "-o", str(out)]
         env, cwd = None, ROOT
         if pythonpath is not None:
@@ -150,7 +153,9 @@ def main() -> int:
         if run["returncode"] == 0:
             log = json.loads((out / "quant_log.json").read_text())
             run["quantize_seconds"] = log["quantize_seconds"]
-            run["same_calibration"] = (log.get("calibration") or {}).get("digest") == setting["calib"]
+            digest = (log.get("calibration") or {}).get("digest")
+            run["calibration_digest"] = digest
+            run["same_calibration"] = digest == setting["calib"] if seed == args.seed else None
         else:
             print(run["error_tail"], file=sys.stderr)
         return run
@@ -179,6 +184,11 @@ def main() -> int:
     step("qcal-awq", lambda: qcal_run("qcal-awq", awq_args))
     step("qcal-awq-baseline", lambda: qcal_run(
         "qcal-awq-baseline", awq_args, baseline_source(args.baseline_rev, work / "baseline-src")))
+    for seed in args.awq_seeds:  # more calibration draws: AWQ's quality, old vs new
+        step(f"qcal-awq/s{seed}", lambda s=seed: qcal_run(f"qcal-awq-s{s}", awq_args, seed=s))
+        step(f"qcal-awq-baseline/s{seed}", lambda s=seed: qcal_run(
+            f"qcal-awq-baseline-s{s}", awq_args,
+            baseline_source(args.baseline_rev, work / "baseline-src"), seed=s))
     aa_python = ensure_autoawq(runs_dir() / "awq-venv") if (
         args.only is None or "autoawq" in args.only) else None
     step("autoawq", lambda: peer_run(
@@ -194,10 +204,11 @@ def main() -> int:
         return {"ppl": res.ppl, "tokens": res.tokens}
 
     step("ppl/float", lambda: score(model_dir))
-    for name in ("qcal-gptq", "gptqmodel", "qcal-awq", "qcal-awq-baseline", "autoawq"):
+    extra = [f"{v}/s{seed}" for seed in args.awq_seeds for v in ("qcal-awq", "qcal-awq-baseline")]
+    for name in ("qcal-gptq", "gptqmodel", "qcal-awq", "qcal-awq-baseline", "autoawq", *extra):
         run = state.get(name)
         if run and run["returncode"] == 0 and run.get("finished", True):
-            step(f"ppl/{name}", lambda n=name: score(work / n))
+            step(f"ppl/{name}", lambda n=name: score(work / n.replace("/", "-")))
     file_mib = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**20
     n_layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
     data = {"setting": setting, "state": state, "model_file_mib": round(file_mib, 1),
@@ -294,6 +305,19 @@ def _ratios(st: dict[str, Any], s: dict[str, Any], n_layers: int) -> list[str]:
                      f"(qcal {per / mine:.1f}x faster)" + (
                          f"; AutoAWQ timed on its first {len(aa['layer_seconds'])} layers only"
                          if not aa.get("finished") else ""))
+    seeds = s.get("awq_seeds") or []
+    means = {}
+    for v in ("qcal-awq", "qcal-awq-baseline"):
+        ppls = [(st.get(f"ppl/{v}") or {}).get("ppl")] + [
+            (st.get(f"ppl/{v}/s{seed}") or {}).get("ppl") for seed in seeds]
+        if all(ppls):
+            means[v] = sum(ppls) / len(ppls)
+            lines.append(f"- {v} perplexity over {len(ppls)} calibration seeds: "
+                         + ", ".join(f"{x:.3f}" for x in ppls) + f" (mean {means[v]:.3f})")
+    if len(means) == 2:
+        lines.append(f"- AWQ mean perplexity, today's vs {s['baseline_rev']}: "
+                     f"{100 * (means['qcal-awq'] / means['qcal-awq-baseline'] - 1):+.2f}% "
+                     "(target within 1%)")
     for a, b in (("qcal-gptq", "gptqmodel"), ("qcal-awq", "qcal-awq-baseline"),
                  ("qcal-awq", "autoawq")):
         pa, pb = st.get(f"ppl/{a}"), st.get(f"ppl/{b}")

@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-clip", action="store_true", help="AWQ: skip the clip search")
     p.add_argument("--search-tokens", type=int, default=None,
                    help="AWQ: calibration tokens the scale search scores each candidate on "
-                        "(default 8192; 0: all, as the reference does)")
+                        "(default 4096; 0: all, as the reference does)")
     p.add_argument("--full-ratio-grid", action="store_true",
                    help="AWQ: score all 20 ratios (default: every other one, then the best's "
                         "neighbours)")
