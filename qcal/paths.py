@@ -12,6 +12,9 @@ import os
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+GEMMA3_MODEL_NAME = "gemma-3-270m"  # optional second target (`qcal provision` tries it)
+# Folders under models/ that `qcal provision` builds; `--model NAME` accepts these names.
+PROVISIONED_MODELS = (DEFAULT_MODEL_NAME, GEMMA3_MODEL_NAME)
 
 
 def qcal_home() -> Path:

@@ -1,5 +1,8 @@
-"""`qcal provision`: fetch and build the offline model, corpora and benchmarks into
-qcal's home ($QCAL_HOME or the current directory). Idempotent; `make setup` runs it."""
+"""`qcal provision`: fetch and build the offline models, corpora and benchmarks into
+qcal's home ($QCAL_HOME or the current directory). Idempotent; `make setup` runs it.
+
+The "model" part builds the default model and tries the optional second target
+(Gemma-3-270M), whose failure is only a warning unless named with `--models`."""
 
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ def add_parser(sub: Any) -> None:
                                          "offline into qcal's home (idempotent)")
     p.add_argument("--only", default=",".join(PARTS),
                    help=f"comma-separated subset of {', '.join(PARTS)} (default: all)")
+    p.add_argument("--models", "--model", dest="models", default=None,
+                   help="comma-separated models for the model part: smollm2-135m-instruct "
+                        "(default model), gemma-3-270m (optional) or all (default)")
     p.add_argument("--force", action="store_true", help="rebuild even if present")
     p.set_defaults(handler=run)
 
@@ -21,15 +27,18 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from qcal.errors import ConfigError
 
-    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    # "models" is accepted for "model": the part builds more than one model now.
+    wanted = [w.strip().replace("models", "model") for w in args.only.split(",") if w.strip()]
     unknown = sorted(set(wanted) - set(PARTS))
     if unknown:
         raise ConfigError(f"--only {unknown} unknown; choose from {', '.join(PARTS)}")
+    if args.models is not None and "model" not in wanted:
+        raise ConfigError("--models chooses what the model part builds; add model to --only")
     force = ["--force"] if args.force else []
     if "model" in wanted:
         from qcal.model.provision import main as provision_model
 
-        provision_model(force)
+        provision_model(force + ([f"--models={args.models}"] if args.models else []))
     if "data" in wanted:
         from qcal.data.provision import main as provision_data
 

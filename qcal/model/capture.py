@@ -1,12 +1,17 @@
 """Hooks that capture what flows into decoder layers and linears.
 
-Capturing layer-0 inputs runs the model's embedding/rotary prelude once and stops
-at the first decoder layer, so nothing past it is computed or kept in memory.
+Capturing layer-0 inputs runs the model's embedding/rotary prelude once, with every
+decoder layer standing in as a recorder that computes nothing, and stops at the last
+one: nothing past the prelude is computed. The recorders also collect the keyword inputs
+of every layer, because they need not be layer 0's: Gemma3's global layers get their own
+causal mask and rotary table (theta 1M), its sliding-window layers a windowed mask and
+theta 10k.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -28,23 +33,45 @@ class LayerInputs:
 
     hidden: list[torch.Tensor]
     kwargs: list[dict[str, Any]]
+    # Per decoder layer, then per batch, when layers get different keyword inputs (Gemma3);
+    # None when every layer gets `kwargs` (Llama-like models).
+    layer_kwargs: list[list[dict[str, Any]]] | None = None
+
+    def for_layer(self, index: int) -> LayerInputs:
+        """These hidden states with the keyword inputs decoder layer `index` receives."""
+        if self.layer_kwargs is None:
+            return self
+        return LayerInputs(self.hidden, self.layer_kwargs[index], self.layer_kwargs)
 
     @property
     def n_tokens(self) -> int:
         return sum(h.shape[0] * h.shape[1] for h in self.hidden)
 
 
-def _detach_kwargs(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+def _detach_kwargs(kwargs: dict[str, Any], device: torch.device | str,
+                   memo: dict[int, tuple[Any, Any]] | None = None) -> dict[str, Any]:
+    """Keyword inputs detached onto `device`; `memo` (by object identity) stores a mask or
+    rotary table that several layers share only once."""
     out: dict[str, Any] = {}
     for key, value in kwargs.items():
         if key in {"past_key_values", "past_key_value", "cache", "use_cache", "output_attentions"}:
             continue  # caches would keep growing across calibration batches
+        if memo is not None and id(value) in memo:
+            out[key] = memo[id(value)][1]
+            continue
+        original = value
         if isinstance(value, torch.Tensor):
             value = value.detach().to(device)
         elif isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
             value = tuple(v.detach().to(device) for v in value)
+        if memo is not None:
+            memo[id(original)] = (original, value)  # keeps `original` alive: ids stay unique
         out[key] = value
     return out
+
+
+def _same_inputs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
 
 
 @torch.no_grad()
@@ -52,30 +79,48 @@ def capture_layer0_inputs(
     model: nn.Module, arch: ArchSpec, calib_ids: torch.Tensor, batch_size: int = 8,
     device: str | torch.device = "cpu", store_dtype: torch.dtype | None = None,
 ) -> LayerInputs:
-    """Inputs of decoder layer 0 for every calibration batch (kept on CPU).
+    """Inputs of decoder layer 0 for every calibration batch (kept on CPU), with the keyword
+    inputs of every layer (`LayerInputs.for_layer`).
 
     Only the ArchSpec's prelude modules (embeddings, rotary tables) visit `device`, and
-    they return to where they were: the decoder layers never leave their home here."""
-    layer0 = decoder_layers(model, arch)[0]
+    they return to where they were: the decoder layers never leave their home here, and
+    never run (their forward is replaced by a recorder for the duration)."""
+    layers = decoder_layers(model, arch)
     captured = LayerInputs([], [])
-    prelude = prelude_on(model, arch, device)
+    per_layer: list[list[dict[str, Any]]] = [[] for _ in layers]
+    memo: dict[int, tuple[Any, Any]] = {}
 
-    def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    def record(index: int, *args: Any, **kwargs: Any) -> Any:
         hidden = args[0] if args else kwargs.pop("hidden_states")
-        captured.hidden.append(hidden.detach().to("cpu", store_dtype or hidden.dtype))
-        captured.kwargs.append(_detach_kwargs(kwargs, "cpu"))
-        raise _StopForward
+        if index == 0:
+            captured.hidden.append(hidden.detach().to("cpu", store_dtype or hidden.dtype))
+        per_layer[index].append(_detach_kwargs(kwargs, "cpu", memo))
+        if index == len(layers) - 1:
+            raise _StopForward  # the final norm and the LM head are not needed
+        return hidden  # later layers only need their keyword inputs recorded
 
-    handle = layer0.register_forward_pre_hook(hook, with_kwargs=True)
+    prelude = prelude_on(model, arch, device)
     try:
+        for index, layer in enumerate(layers):
+            # An instance attribute shadows the class's forward; the module (and attributes
+            # the model reads off it, e.g. attention_type) stays in place.
+            layer.forward = functools.partial(record, index)
         for start in range(0, calib_ids.shape[0], batch_size):
             batch = calib_ids[start:start + batch_size].to(device)
+            memo.clear()
             with suppress(_StopForward):
                 model(input_ids=batch, use_cache=False)
     finally:
-        handle.remove()
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
         for module, home in prelude:
             module.to(home)
+    captured.kwargs = per_layer[0]
+    # A layer the model did not call (fewer than len(layers) configured) gets layer 0's.
+    per_layer = [kw if len(kw) == len(captured.kwargs) else captured.kwargs for kw in per_layer]
+    if any(not _same_inputs(a, b) for kws in per_layer[1:]
+           for a, b in zip(kws, captured.kwargs, strict=True)):
+        captured.layer_kwargs = per_layer
     return captured
 
 

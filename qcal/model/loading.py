@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError
-from qcal.paths import default_model_dir
+from qcal.paths import PROVISIONED_MODELS, default_model_dir, models_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -56,8 +56,27 @@ def check_remote_code(path: Path, raw: dict[str, Any], trust_remote_code: bool) 
         )
 
 
+def _short_name_dir(model: str | Path) -> Path | None:
+    """models/<name> for a bare name that is no path here (`--model gemma-3-270m`)."""
+    name = str(model)
+    if Path(name).exists() or not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    path = models_dir() / name
+    if (path / "config.json").is_file():
+        return path
+    if name in PROVISIONED_MODELS:
+        raise ModelNotFoundError(
+            f"model {name} is not provisioned at {path}; run `qcal provision --only model "
+            f"--models {name}` (or set QCAL_HOME to the folder that holds models/)"
+        )
+    return None
+
+
 def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False) -> Path:
-    """The local directory of `model` (None: the embedded default model), checked."""
+    """The local directory of `model` (None: the embedded default model; a bare name such as
+    gemma-3-270m: models/<name> when no such path exists here), checked."""
+    if model is not None:
+        model = _short_name_dir(model) or model
     if model is None:
         path = default_model_dir()
         if not (path / "config.json").is_file():
@@ -71,7 +90,8 @@ def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False)
         if not path.exists():
             raise ModelNotFoundError(
                 f"model directory {path} does not exist; pass a local HF model directory "
-                "(config.json + *.safetensors + tokenizer) or omit --model for the default model"
+                "(config.json + *.safetensors + tokenizer), the name of one under "
+                f"{models_dir()} or omit --model for the default model"
             )
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(

@@ -10,6 +10,7 @@ layer of an interrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -197,23 +198,24 @@ def sequential_quantize(
     if resume and work_dir is not None:
         done, hidden, logs = _resume(work_dir, layers, fingerprint, dist)
         start = done + 1
-    # The keyword inputs (rotary embeddings, masks) are the same for every layer and
-    # cheap to recompute, so resume state stores only the hidden states.
+    # The keyword inputs (rotary embeddings, masks; per layer where they differ, as in
+    # Gemma3) are cheap to recompute, so resume state stores only the hidden states.
     inputs = capture_layer0_inputs(model, arch, calib_ids, batch_size, device, store_dtype)
     if hidden is not None:
         if [tuple(h.shape) for h in hidden] != [tuple(h.shape) for h in inputs.hidden]:
             raise ResumeStateError(f"resume state in {work_dir} does not match the calibration "
                                    "batches; start over: run without --resume, with --overwrite")
-        inputs = LayerInputs(hidden, inputs.kwargs)
+        inputs = dataclasses.replace(inputs, hidden=hidden)
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
         if weights is not None:
             weights.load_into(layers[index], f"{arch.layers_path}.{index}.")
         layer = layers[index].to(device)
-        logs[str(index)] = quantize_layer(index, layer, inputs)
+        layer_inputs = inputs.for_layer(index)
+        logs[str(index)] = quantize_layer(index, layer, layer_inputs)
         # In place: the layer's inputs are dead once it is quantized.
-        inputs = LayerInputs(run_layer(layer, inputs, device, store_dtype, inplace=True),
-                             inputs.kwargs)
+        inputs = dataclasses.replace(inputs, hidden=run_layer(layer, layer_inputs, device,
+                                                              store_dtype, inplace=True))
         _drop_kernel_caches(layer)
         layers[index] = layer.to("cpu") if device != "cpu" else layer
         return_freed_memory()

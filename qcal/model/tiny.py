@@ -1,6 +1,7 @@
-"""A tiny random Llama built from a config, with a small BPE tokenizer: no download.
+"""Tiny random Llama and Gemma3 models built from a config, with a small BPE tokenizer:
+no download.
 
-Used by tests and as a smoke-test target. The tokenizer is trained on stdlib
+Used by tests and as smoke-test targets. The tokenizer is trained on stdlib
 docstrings, real English that every Python install carries.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,21 +28,11 @@ def stdlib_text() -> list[str]:
     return docs
 
 
-def build_tiny_llama(
-    out_dir: Path | str,
-    vocab_size: int = 512,
-    hidden: int = 128,
-    layers: int = 2,
-    intermediate: int = 256,
-    heads: int = 4,
-    kv_heads: int = 2,
-    seed: int = 0,
-) -> Path:
-    """Write a random LlamaForCausalLM + fast BPE tokenizer to `out_dir` and return it."""
+def _train_tokenizer(out: Path, vocab_size: int) -> tuple[Any, int]:
+    """A byte-level BPE trained on stdlib docstrings, saved to `out`: (tokenizer, vocab size)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bpe = Tokenizer(models.BPE(unk_token=None))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -53,14 +45,74 @@ def build_tiny_llama(
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>",
                                   bos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.save_pretrained(str(out))
+    return tok, bpe.get_vocab_size()
 
+
+def build_tiny_llama(
+    out_dir: Path | str,
+    vocab_size: int = 512,
+    hidden: int = 128,
+    layers: int = 2,
+    intermediate: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Write a random LlamaForCausalLM + fast BPE tokenizer to `out_dir` and return it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    tok, vocab = _train_tokenizer(out, vocab_size)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=bpe.get_vocab_size(), hidden_size=hidden, intermediate_size=intermediate,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=2048, tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
     )
     model = LlamaForCausalLM(config)
+    model.save_pretrained(str(out))
+    return out
+
+
+def build_tiny_gemma3(
+    out_dir: Path | str,
+    vocab_size: int = 512,
+    hidden: int = 64,
+    intermediate: int = 128,
+    heads: int = 2,
+    kv_heads: int = 1,
+    head_dim: int = 64,
+    sliding_window: int = 8,
+    seed: int = 0,
+) -> Path:
+    """Write a random Gemma3ForCausalLM (one sliding-window layer, then one global layer)
+    + fast BPE tokenizer to `out_dir` and return it.
+
+    Shaped like Gemma-3-270M in what can break quantization: grouped-query attention whose
+    heads are wider than hidden/heads (q/o_proj are 2x hidden), q_norm/k_norm, four
+    (1 + w) norms per layer, a short sliding window (so calibration sequences of 32 tokens
+    see different masks and rotary tables in the two layers) and tied, scaled embeddings.
+    """
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    out = Path(out_dir)
+    tok, vocab = _train_tokenizer(out, vocab_size)
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=2048,
+        tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        # Gemma initialises its norms at w = 0 (scale 1 + w = 1); real checkpoints are far
+        # from that, and a fold that forgets the "1 +" must show in the tests.
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)
     model.save_pretrained(str(out))
     return out
