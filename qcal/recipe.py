@@ -135,7 +135,10 @@ def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
     if cache is None:
         return resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
                              seed=cfg.seed, selector=cfg.selector, **options)
-    key = fingerprint("calib", cfg, tokenizer_info(tokenizer)["fingerprint"])
+    info = tokenizer_info(tokenizer)
+    # The prefix joins the key only where there is one, so prefix-free keys stay as they were.
+    key = fingerprint("calib", cfg, info["fingerprint"], *([info["prefix"]] if "prefix" in info
+                                                           else []))
     path = cache.path("calib", cfg.selector, key)
     # Shards and workers that need the same set wait for the one that builds it.
     with exclusive_lock(path.parent / f".{path.name}.lock", wait=True):

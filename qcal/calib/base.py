@@ -120,11 +120,18 @@ def token_statistics(input_ids: torch.Tensor, langs: Sequence[str],
 
 
 def tokenizer_info(tokenizer: Any) -> dict[str, Any]:
-    """Name, vocabulary size, EOS and a fingerprint of the vocabulary (ids are tokenizer-specific)."""
+    """Name, vocabulary size, EOS, a fingerprint of the vocabulary (ids are tokenizer-specific)
+    and the special tokens every window starts with, if any."""
+    from qcal.tokenization import text_prefix
+
     vocab = tokenizer.get_vocab()
     fp = hashlib.sha256(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode())
-    return {"name_or_path": str(getattr(tokenizer, "name_or_path", "")), "vocab_size": len(vocab),
+    info = {"name_or_path": str(getattr(tokenizer, "name_or_path", "")), "vocab_size": len(vocab),
             "eos_token_id": tokenizer.eos_token_id, "fingerprint": fp.hexdigest()[:16]}
+    prefix = text_prefix(tokenizer)
+    if prefix:  # only where there is one: older manifests of other tokenizers stay equal
+        info["prefix"] = prefix
+    return info
 
 
 def _jsonable(value: Any) -> Any:

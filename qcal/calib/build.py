@@ -118,6 +118,15 @@ def check_compatible(calib: CalibSet, tokenizer: Any, nsamples: int, seqlen: int
         raise CalibSetError(f"calibration set {where} was built with another tokenizer "
                             f"({calib.manifest['tokenizer'].get('name_or_path')}); token ids do not "
                             "transfer: rebuild it with this model's tokenizer")
+    if tokenizer is not None:
+        from qcal.tokenization import text_prefix
+
+        had, wants = calib.manifest.get("tokenizer", {}).get("prefix", []), text_prefix(tokenizer)
+        if list(had) != wants:
+            raise CalibSetError(f"calibration set {where} starts its windows with {had or 'no'} "
+                                f"special tokens, this tokenizer with {wants or 'none'} (qcal "
+                                "prepends the tokenizer's <bos> since this version): rebuild it "
+                                "with `qcal calib build`")
 
 
 def resolve_calib(spec: str, tokenizer: Any, nsamples: int, seqlen: int, seed: int,

@@ -9,6 +9,9 @@ Rules (the same for every selector):
   language are concatenated with the tokenizer's EOS between them, and the stream is
   cut into windows. A window therefore never mixes languages. With packing off they
   are rejected. The leftover of a stream (< seqlen) is dropped.
+- A tokenizer that prepends special tokens to every text (Gemma's ``<bos>``) gets
+  them at the start of every window, which then holds `seqlen` tokens in all
+  (`qcal.tokenization.text_prefix`); the rules above apply to the text after it.
 - If the pool holds fewer windows than requested, `require` raises
   `NotEnoughDataError` saying how many there are and what to change.
 """
@@ -101,8 +104,13 @@ def _doc_key(doc: Any) -> str:
 def build_windows(docs: Sequence[Any], tokenizer: Any, seqlen: int, pack: bool = True,
                   max_windows_per_doc: int | None = None) -> WindowPool:
     """Cut `docs` (objects with text, lang, source, doc_id) into candidate windows."""
-    if seqlen < 2:
-        raise ConfigError(f"seqlen={seqlen} is too small; use at least 2 tokens (typically 128-2048)")
+    from qcal.tokenization import text_prefix
+
+    prefix = text_prefix(tokenizer)
+    if seqlen < 2 + len(prefix):
+        raise ConfigError(f"seqlen={seqlen} is too small; use at least {2 + len(prefix)} tokens "
+                          "(typically 128-2048)")
+    full_seqlen, seqlen = seqlen, seqlen - len(prefix)
     if max_windows_per_doc is not None and max_windows_per_doc < 1:
         raise ConfigError(f"max_windows_per_doc={max_windows_per_doc} must be >= 1 (or None)")
     eos = tokenizer.eos_token_id
@@ -150,9 +158,13 @@ def build_windows(docs: Sequence[Any], tokenizer: Any, seqlen: int, pack: bool =
             # Whatever remains belongs to the last document only (or to none).
             held[:] = [key] if buf else []
     leftover = sum(len(buf) for buf, _ in streams.values())
-    ids = torch.tensor(rows, dtype=torch.long) if rows else torch.empty(0, seqlen, dtype=torch.long)
+    rows = [prefix + row for row in rows]
+    ids = (torch.tensor(rows, dtype=torch.long) if rows
+           else torch.empty(0, full_seqlen, dtype=torch.long))
     stats = {"documents": len(docs), "short_documents": short, "empty_documents": empty,
              "language_id_documents": detected, "pack": pack,
              "max_windows_per_doc": max_windows_per_doc, "tail_tokens_dropped": tail_dropped,
              "pack_leftover_tokens_dropped": leftover}
-    return WindowPool(ids, row_langs, row_docs, seqlen, tokenizer, stats)
+    if prefix:  # absent otherwise, so manifests of prefix-free tokenizers stay as they were
+        stats["prefix_tokens"] = prefix
+    return WindowPool(ids, row_langs, row_docs, full_seqlen, tokenizer, stats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from qcal.errors import ConfigError
-from qcal.eval.perplexity import PerplexityResult, window_spans
+from qcal.eval.perplexity import PerplexityResult, text_spans, with_prefix
 
 LN2 = math.log(2.0)
 ROW_CHUNK = 64  # tokens per divergence step: temporaries stay ~13 MB each at vocab 49k
@@ -83,27 +84,27 @@ def _result(pieces: list[torch.Tensor], n_windows: int, seqlen: int, mode: str
 def compare_on_ids(
     base: nn.Module, model: nn.Module, ids: torch.Tensor, seqlen: int = 512,
     stride: int | None = None, max_windows: int | None = None, progress: bool = True,
-    desc: str = "drift",
+    desc: str = "drift", prefix: Sequence[int] = (),
 ) -> DriftOnText:
     """Token NLL of both models plus per-token KL/JS, over perplexity's windows.
 
     One window at a time: two [seqlen, vocab] log-probability tensors are already large.
     """
-    spans = window_spans(ids.numel(), seqlen, stride)[:max_windows]
+    spans = text_spans(ids.numel(), seqlen, stride, prefix)[:max_windows]
     if not spans:
         raise ConfigError(f"the text has {ids.numel()} tokens, fewer than one window of "
                           f"seqlen={seqlen}; use a longer text or a smaller --seqlen")
     dev_b, dev_m = next(base.parameters()).device, next(model.parameters()).device
     nb, nm, kls, jss = [], [], [], []
     for start, end, first in tqdm(spans, desc=desc, disable=not progress, leave=False):
-        window = ids[start:end].unsqueeze(0)
+        window = with_prefix(ids[start:end], prefix).unsqueeze(0)
         lp = _logprobs(base, window.to(dev_b))[0, :-1].cpu()
         lq = _logprobs(model, window.to(dev_m))[0, :-1].cpu()
         if lp.shape != lq.shape:
             raise ConfigError(f"the base model's vocabulary ({lp.shape[-1]}) differs from the "
                               f"model's ({lq.shape[-1]}); --base must be the model's float source")
         target = window[0, 1:]
-        keep = slice(first - 1, None)
+        keep = slice(len(prefix) + first - 1, None)
         nb.append(-lp.gather(1, target[:, None])[:, 0][keep])
         nm.append(-lq.gather(1, target[:, None])[:, 0][keep])
         lp, lq = lp[keep], lq[keep]

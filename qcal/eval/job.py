@@ -77,19 +77,21 @@ def _perplexity(cfg: EvalConfig, texts: dict[str, str], net: Any, tok: Any, base
                 progress: bool) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     from qcal.eval.divergence import compare_on_ids
     from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
+    from qcal.tokenization import text_prefix
 
+    prefix = text_prefix(tok)
     ppl: dict[str, Any] = {"model": {}, "base": {}, "divergence": {}}
     streams: dict[str, torch.Tensor] = {}
     for lang, text in texts.items():
         ids = tokenize_text(tok, text)
         if base is None:
             res = perplexity_of_ids(net, ids, cfg.seqlen, cfg.stride, cfg.batch_size,
-                                    cfg.max_windows, progress, desc=f"ppl[{lang}]")
+                                    cfg.max_windows, progress, desc=f"ppl[{lang}]", prefix=prefix)
             ppl["model"][lang] = res.summary()
             streams[f"model/{lang}"] = res.token_nll
             continue
         drift = compare_on_ids(base, net, ids, cfg.seqlen, cfg.stride, cfg.max_windows, progress,
-                               desc=f"ppl+kl[{lang}]")
+                               desc=f"ppl+kl[{lang}]", prefix=prefix)
         ppl["model"][lang] = drift.model.summary()
         ppl["base"][lang] = drift.base.summary()
         ppl["divergence"][lang] = drift.summary()

@@ -5,12 +5,18 @@ Fixed mode: the text is tokenized once, cut into non-overlapping windows of
 Strided mode: windows of `seqlen` advance by `stride`, and each window scores only
 tokens not scored before, so every token gets up to `seqlen - stride` of context.
 Strided numbers are lower and not comparable with fixed-window ones.
+
+A tokenizer that prepends a special token to every text (Gemma's ``<bos>``;
+`qcal.tokenization.text_prefix`) gets it in front of every window: the window holds
+`seqlen - len(prefix)` text tokens, all of them scored (the first one is predicted
+from the prefix), and the prefix itself is never scored.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,22 +60,44 @@ def tokenize_text(tokenizer: Any, text: str) -> torch.Tensor:
     return ids.to(torch.long)
 
 
-def window_spans(n_tokens: int, seqlen: int, stride: int | None) -> list[tuple[int, int, int]]:
-    """(start, end, first scored position within window) for each window."""
+def window_spans(n_tokens: int, seqlen: int, stride: int | None,
+                 first_scored: int = 1) -> list[tuple[int, int, int]]:
+    """(start, end, first scored position within window) for each window of the text.
+
+    `first_scored` is 1 when a window starts with text (its first token has no context)
+    and 0 when a prefix token stands before it."""
     if stride is None:
-        return [(s, s + seqlen, 1) for s in range(0, n_tokens - seqlen + 1, seqlen)]
+        return [(s, s + seqlen, first_scored) for s in range(0, n_tokens - seqlen + 1, seqlen)]
     if not 0 < stride <= seqlen:
         raise ConfigError(f"stride={stride} must lie in (0, seqlen={seqlen}]")
     spans, scored_until = [], 0
     for start in range(0, max(n_tokens - 1, 1), stride):
         end = min(start + seqlen, n_tokens)
-        first = max(scored_until - start, 1)
+        first = max(scored_until - start, first_scored)
         if end - start > first:
             spans.append((start, end, first))
         scored_until = end
         if end == n_tokens:
             break
     return spans
+
+
+def text_spans(n_tokens: int, seqlen: int, stride: int | None,
+               prefix: Sequence[int] = ()) -> list[tuple[int, int, int]]:
+    """Spans of text per window when each window is `prefix` + text of `seqlen` in all."""
+    if len(prefix) >= seqlen:
+        raise ConfigError(f"seqlen={seqlen} leaves no room for text after the tokenizer's "
+                          f"{len(prefix)} leading special tokens; use a larger --seqlen")
+    if stride is not None and prefix:
+        stride = min(stride, seqlen - len(prefix))
+    return window_spans(n_tokens, seqlen - len(prefix), stride, 0 if prefix else 1)
+
+
+def with_prefix(window: torch.Tensor, prefix: Sequence[int]) -> torch.Tensor:
+    """`prefix` + window as one id tensor (the window itself when there is no prefix)."""
+    if not prefix:
+        return window
+    return torch.cat([torch.tensor(list(prefix), dtype=window.dtype), window])
 
 
 @torch.no_grad()
@@ -84,9 +112,9 @@ def window_nll(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
 def perplexity_of_ids(
     model: nn.Module, ids: torch.Tensor, seqlen: int = 512, stride: int | None = None,
     batch_size: int = 4, max_windows: int | None = None, progress: bool = True,
-    desc: str = "ppl",
+    desc: str = "ppl", prefix: Sequence[int] = (),
 ) -> PerplexityResult:
-    spans = window_spans(ids.numel(), seqlen, stride)
+    spans = text_spans(ids.numel(), seqlen, stride, prefix)
     if max_windows is not None:
         spans = spans[:max_windows]
     if not spans:
@@ -104,10 +132,10 @@ def perplexity_of_ids(
         j = i
         while j < len(spans) and j - i < batch_size and spans[j][1] - spans[j][0] == length:
             j += 1
-        batch = torch.stack([ids[s:e] for s, e, _ in spans[i:j]]).to(device)
+        batch = torch.stack([with_prefix(ids[s:e], prefix) for s, e, _ in spans[i:j]]).to(device)
         nll = window_nll(model, batch).cpu()
         for row, (_, _, first) in enumerate(spans[i:j]):
-            pieces.append(nll[row, first - 1:])
+            pieces.append(nll[row, len(prefix) + first - 1:])
         bar.update(j - i)
         i = j
     bar.close()
@@ -126,8 +154,11 @@ def perplexity(
     desc: str = "ppl",
 ) -> PerplexityResult:
     """Perplexity of `model` on `text` (see module docstring for the two modes)."""
+    from qcal.tokenization import text_prefix
+
     ids = tokenize_text(tokenizer, text)
-    return perplexity_of_ids(model, ids, seqlen, stride, batch_size, max_windows, progress, desc)
+    return perplexity_of_ids(model, ids, seqlen, stride, batch_size, max_windows, progress, desc,
+                             text_prefix(tokenizer))
 
 
 def save_token_nll(path: Path | str, streams: dict[str, torch.Tensor],
