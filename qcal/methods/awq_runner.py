@@ -23,6 +23,7 @@ yields the same quantized weights.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Mapping
@@ -44,10 +45,12 @@ from qcal.methods.awq_artifact import (
     save_artifact,
     write_entry,
 )
+from qcal.methods.awq_inputs import InputDigest, InputPlan, search_batches
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result
 from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.distributed import SINGLE, DistContext
+from qcal.model.offload import DiskWeights
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
@@ -175,42 +178,57 @@ def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.
     return loss
 
 
-def _linear_loss(name: str, linear: nn.Linear, xs: list[torch.Tensor],
+def _linear_loss(name: str, linear: nn.Linear, gram: torch.Tensor, count: int,
                  dist: DistContext) -> awq.BlockLoss:
     """A block that is one linear: its output MSE from the Gram matrix of every token (exact;
     the weight difference is all that changes between ratios)."""
-    gram, count = awq.input_gram(xs)
+    gram = gram.clone()
     dist.all_reduce_sum(gram)
     tokens = int(dist.sum_numbers(count)[0])
     weight = linear.weight.detach().float()
     return lambda fake: awq.gram_output_loss(fake[name].float() - weight, gram, tokens)
 
 
-def _search_batches(xs: list[torch.Tensor], budget: int) -> list[int]:
-    """Evenly spread whole calibration batches holding at least `budget` tokens (0: all)."""
-    if budget <= 0:
-        return list(range(len(xs)))
-    per_batch = max(1, xs[0].shape[0] * xs[0].shape[1])
-    take = min(len(xs), math.ceil(budget / per_batch))
-    return sorted({round(i * (len(xs) - 1) / max(take - 1, 1)) for i in range(take)})
+def _input_plans(layer: nn.Module, arch: ArchSpec, groups: list[ScaleGroup],
+                 inputs: LayerInputs, cfg: AWQConfig, dist: DistContext) -> dict[str, InputPlan]:
+    """For each shared linear input, what the scale groups reading it and the clip search
+    need kept (see `qcal.methods.awq_inputs`)."""
+    shared = _shared_inputs(arch)
+    per_batch = [h.shape[0] * h.shape[1] for h in inputs.hidden]
+    total = sum(per_batch)
+    budget = math.ceil(cfg.search_tokens / dist.world) if cfg.search_tokens else 0
+    plans = {rep: InputPlan(total, math.ceil(cfg.clip_tokens / dist.world))
+             for rep in sorted(set(shared.values()))}
+    for group in groups:
+        rep = shared[group.linears[0]]
+        plan = plans[rep]
+        block = get_module(layer, group.block)
+        if group.linears == (group.block,) and isinstance(block, nn.Linear):
+            plan = dataclasses.replace(plan, gram=True)
+        elif not budget or budget >= total:
+            plan = dataclasses.replace(plan, keep=None)
+        elif group.token_wise:
+            plan = dataclasses.replace(plan, sample_tokens=budget)
+        elif plan.keep is not None:
+            chosen = search_batches(len(per_batch), per_batch[0], budget)
+            plan = dataclasses.replace(plan, keep=plan.keep | frozenset(chosen))
+        plans[rep] = plan
+    return plans
 
 
-def _group_loss(layer: nn.Module, group: ScaleGroup, xs: list[torch.Tensor],
-                kwargs: list[dict[str, Any]], cfg: AWQConfig, dist: DistContext) -> awq.BlockLoss:
-    """The loss that scores a scale for `group`, on the data `cfg.search_tokens` allows."""
+def _group_loss(layer: nn.Module, group: ScaleGroup, digest: InputDigest,
+                kwargs: list[dict[str, Any]], dist: DistContext) -> awq.BlockLoss:
+    """The loss that scores a scale for `group`, on what its input's plan kept: the Gram
+    matrix (a lone linear, exact), a token sample (token-wise blocks) or whole batches."""
     block = get_module(layer, group.block)
     linears = {n: layer_linear(layer, n) for n in group.linears}
-    if group.linears == (group.block,) and isinstance(block, nn.Linear):
-        return _linear_loss(group.block, block, xs, dist)
-    budget = math.ceil(cfg.search_tokens / dist.world) if cfg.search_tokens else 0
-    n_tokens = sum(x.shape[0] * x.shape[1] for x in xs)
-    if not budget or budget >= n_tokens:
-        return _block_loss(block, linears, xs, kwargs, dist)
-    if group.token_wise:  # one evenly spread token sample from every batch, as one sequence
-        sample = awq.subsample_tokens(xs, budget).to(xs[0].dtype)[None]
-        return _block_loss(block, linears, [sample], [{}], dist)
-    chosen = _search_batches(xs, budget)
-    return _block_loss(block, linears, [xs[i] for i in chosen], [kwargs[i] for i in chosen], dist)
+    if group.linears == (group.block,) and isinstance(block, nn.Linear) and digest.gram is not None:
+        return _linear_loss(group.block, block, digest.gram, digest.count, dist)
+    if group.token_wise and digest.search is not None:  # one evenly spread sample, one sequence
+        sample = digest.search.sample().to(digest.search.pieces[0].dtype)
+        return _block_loss(block, linears, [sample[None]], [{}], dist)
+    order, xs = digest.kept()
+    return _block_loss(block, linears, xs, [kwargs[i] for i in order], dist)
 
 
 @torch.no_grad()
@@ -224,34 +242,32 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
     every rank folds and rounds the same weights."""
     kwargs = [_kwargs_to(kw, device) for kw in inputs.kwargs]
     shared = _shared_inputs(arch)
-    reps = sorted(set(shared.values()))
-    feats: dict[str, list[torch.Tensor]] = {r: [] for r in reps}
-    feed_linear_inputs(layer, inputs, reps, lambda n, x: feats[n].append(x), device)
+    groups = [g for g in arch.scale_groups if group_applies(layer, g)]
+    plans = _input_plans(layer, arch, groups, inputs, cfg, dist)
+    digests = {rep: InputDigest(plan) for rep, plan in plans.items()}
+    feed_linear_inputs(layer, inputs, list(digests), lambda n, x: digests[n].add(x), device)
+    hidden = {h.untyped_storage().data_ptr() for h in inputs.hidden}
     scales: list[dict[str, Any]] = []
-    for group in arch.scale_groups:
-        if not group_applies(layer, group):
-            continue
+    for group in groups:
         linears = {n: layer_linear(layer, n) for n in group.linears}
-        xs = feats[shared[group.linears[0]]]
-        abs_sum, count = awq.channel_abs_sum(xs)
+        digest = digests[shared[group.linears[0]]]
+        abs_sum = digest.abs_sum.clone()
         dist.all_reduce_sum(abs_sum)
-        count = int(dist.sum_numbers(count)[0])
+        count = int(dist.sum_numbers(digest.count)[0])
         weights = {n: m.weight.detach().clone() for n, m in linears.items()}
         w_mean = awq.weight_channel_mean(weights.values(), cfg.scheme) if cfg.duo_scaling else None
         found = awq.search_scale(abs_sum / count, weights,
-                                 _group_loss(layer, group, xs, kwargs, cfg, dist),
+                                 _group_loss(layer, group, digest, kwargs, dist),
                                  cfg.scheme, cfg.grid_points, w_mean, cfg.coarse_to_fine)
         dist.broadcast(found.scale, 0)
         fold_scale(layer, group, found.scale, arch.norm_offset)
-        s = found.scale.to(xs[0].dtype)
         for rep in {shared[n] for n in group.linears}:
-            feats[rep] = [x / s.to(x.device) for x in feats[rep]]
+            digests[rep].scale_down(found.scale, hidden)
         scales.append({"prev_op": group.prev_op, "linears": list(group.linears),
                        "scale": found.scale.cpu(), "ratio": found.ratio, "loss": found.loss,
                        "rtn_loss": found.rtn_loss})
-    clip_budget = math.ceil(cfg.clip_tokens / dist.world)
-    samples = {rep: awq.subsample_tokens(xs, clip_budget) for rep, xs in feats.items()}
-    feats.clear()  # the subsamples are all the clip search needs
+    samples = {rep: d.clip.sample() for rep, d in digests.items()}
+    digests.clear()  # the clip samples are all that is needed from here on
     clips: dict[str, torch.Tensor] = {}
     if cfg.clip_search:
         for name in arch.linear_names:
@@ -308,6 +324,9 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
         model, arch, dist.shard(calib_ids), quantize_layer, device=opts.device,
         progress=opts.progress and dist.is_main, desc="awq", work_dir=opts.work_dir,
         resume=opts.resume, fingerprint=_fingerprint(model, cfg, calib_ids) + f"-x{dist.world}",
+        # Each layer's float weights from a short-lived mapping: the memory-mapped float
+        # model would otherwise become resident layer by layer beside the packed one.
+        weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
         dist=dist,
     )
     n_layers = len(decoder_layers(model, arch))

@@ -191,11 +191,40 @@ def search_scale(
     return best
 
 
+class TokenSampler:
+    """Every k-th token (k = total // n) of a stream of batches, about `n` in all, gathered
+    batch by batch: concatenating the batches first would copy all of them, and a strided
+    view of that copy would keep the whole of it alive with the sample."""
+
+    def __init__(self, total_tokens: int, n_tokens: int) -> None:
+        self.n_tokens = n_tokens
+        self.step = max(1, total_tokens // max(n_tokens, 1))
+        self.offset = 0  # flattened index of the next batch's first token
+        self.pieces: list[torch.Tensor] = []
+
+    def add(self, x: torch.Tensor) -> None:
+        flat = x.reshape(-1, x.shape[-1])
+        idx = torch.arange((-self.offset) % self.step, flat.shape[0], self.step, device=flat.device)
+        self.pieces.append(flat.index_select(0, idx))
+        self.offset += flat.shape[0]
+
+    def scale_down(self, s: torch.Tensor) -> None:
+        """The sample of x / s (in place, in the activations' dtype)."""
+        for piece in self.pieces:
+            piece.div_(s.to(device=piece.device, dtype=piece.dtype))
+
+    def sample(self) -> torch.Tensor:
+        """[n_tokens, channels] float32."""
+        return torch.cat(self.pieces)[: self.n_tokens].float()
+
+
 def subsample_tokens(xs: Iterable[torch.Tensor], n_tokens: int) -> torch.Tensor:
     """Every k-th token of the flattened activations so that about `n_tokens` remain."""
-    flat = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs], dim=0)
-    step = max(1, flat.shape[0] // n_tokens)
-    return flat[::step][:n_tokens].float()
+    xs = list(xs)
+    sampler = TokenSampler(sum(x.numel() // x.shape[-1] for x in xs), n_tokens)
+    for x in xs:
+        sampler.add(x)
+    return sampler.sample()
 
 
 def _grouped(w: torch.Tensor, g: int) -> torch.Tensor:

@@ -200,7 +200,8 @@ def test_every_selector_output_feeds_awq(selector: str, tiny_model_dir: Path) ->
 def test_group_losses_linear_exact_and_subsampled(mha_model_dir: Path) -> None:
     """The lone-linear loss (Gram) equals running the linear; a token budget makes the MLP
     and attention losses score a subset, and the search still never loses to RTN."""
-    from qcal.methods.awq_runner import _block_loss, _group_loss, _search_batches
+    from qcal.methods.awq_inputs import InputDigest, search_batches
+    from qcal.methods.awq_runner import _block_loss, _group_loss, _input_plans
     from qcal.model.capture import feed_linear_inputs
     from qcal.model.distributed import SINGLE
     from qcal.quant import awq
@@ -218,17 +219,28 @@ def test_group_losses_linear_exact_and_subsampled(mha_model_dir: Path) -> None:
     fake = {"mlp.down_proj": awq.fake_quant(lin.weight.detach(), QuantScheme(3, 32))}
     exact = _block_loss(lin, {"mlp.down_proj": lin}, feats["mlp.down_proj"],
                         [{}] * len(feats["mlp.down_proj"]), SINGLE)(fake)
-    gram = _group_loss(layer, down, feats["mlp.down_proj"], inputs.kwargs,
-                       AWQConfig(search_tokens=8), SINGLE)(fake)
+
+    def digests(cfg: AWQConfig) -> dict[str, InputDigest]:
+        plans = _input_plans(layer, spec, list(spec.scale_groups), inputs, cfg, SINGLE)
+        return {rep: InputDigest.of(feats[rep], plans[rep]) for rep in feats}
+
+    small = digests(AWQConfig(search_tokens=64))
+    assert small["mlp.down_proj"].gram is not None and not small["mlp.down_proj"].batches
+    gram = _group_loss(layer, down, small["mlp.down_proj"], inputs.kwargs, SINGLE)(fake)
     assert math.isclose(gram, exact, rel_tol=1e-4)
-    assert _search_batches(feats["self_attn.q_proj"], 64) == [0]  # batches of 2 x 32 tokens
-    assert _search_batches(feats["self_attn.q_proj"], 65) == [0, 2]
-    assert _search_batches(feats["self_attn.q_proj"], 0) == [0, 1, 2]
+    # Attention keeps only the chosen whole batches, the MLP a token sample: no full copies.
+    assert sorted(small["self_attn.q_proj"].batches) == [0]
+    assert small["mlp.gate_proj"].search is not None and not small["mlp.gate_proj"].batches
+    assert sorted(digests(AWQConfig(search_tokens=0))["self_attn.q_proj"].batches) == [0, 1, 2]
+    assert search_batches(3, 64, 64) == [0]  # batches of 2 x 32 tokens
+    assert search_batches(3, 64, 65) == [0, 2]
+    assert search_batches(3, 64, 0) == [0, 1, 2]
+    sample = small["mlp.gate_proj"].search.sample()
+    assert torch.equal(sample, awq.subsample_tokens(feats["mlp.gate_proj"], 64))
     for group, rep in ((spec.scale_groups[0], "self_attn.q_proj"),
                        (spec.scale_groups[2], "mlp.gate_proj")):
         linears = {n: layer.get_submodule(n) for n in group.linears}
         weights = {n: m.weight.detach().clone() for n, m in linears.items()}
         found = awq.search_scale(awq.channel_abs_mean(feats[rep]), weights, _group_loss(
-            layer, group, feats[rep], inputs.kwargs, AWQConfig(search_tokens=64), SINGLE),
-            QuantScheme(4, 32), 5)
+            layer, group, small[rep], inputs.kwargs, SINGLE), QuantScheme(4, 32), 5)
         assert found.loss <= found.rtn_loss and math.isfinite(found.loss)

@@ -307,3 +307,26 @@ def test_coarse_to_fine_refines_around_the_coarse_best() -> None:
     found = awq.search_scale(torch.linspace(0.5, 2.0, 8), {"w": torch.randn(4, 8)}, block_loss,
                              QuantScheme(4, 8), coarse_to_fine=True)
     assert found.ratio == 0.35 and len(seen) == 12
+
+
+def test_input_digest_equals_the_kept_batches_and_follows_a_fold() -> None:
+    from qcal.methods.awq_inputs import InputDigest, InputPlan
+
+    xs = [torch.randn(2, 12, 16) for _ in range(3)]
+    plan = InputPlan(total_tokens=72, clip_tokens=9, gram=True, sample_tokens=20,
+                     keep=frozenset({0, 2}))
+    protected = xs[0].clone()
+    digest = InputDigest.of([protected, xs[1].clone(), xs[2].clone()], plan)
+    assert torch.equal(digest.abs_sum / digest.count, awq.channel_abs_mean(xs))
+    assert torch.equal(digest.gram, awq.input_gram(xs)[0])
+    assert torch.equal(digest.search.sample(), awq.subsample_tokens(xs, 20))
+    assert torch.equal(digest.clip.sample(), awq.subsample_tokens(xs, 9))
+    assert digest.kept()[0] == [0, 2]
+    s = torch.rand(16) + 0.5
+    digest.scale_down(s, protected={protected.untyped_storage().data_ptr()})
+    assert torch.equal(protected, xs[0])  # the layer's own hidden states are left alone
+    scaled = [x / s for x in xs]
+    assert torch.equal(digest.kept()[1][0], scaled[0]) and torch.equal(digest.kept()[1][1], scaled[2])
+    torch.testing.assert_close(digest.search.sample(), awq.subsample_tokens(scaled, 20))
+    torch.testing.assert_close(digest.abs_sum / digest.count, awq.channel_abs_mean(scaled))
+    torch.testing.assert_close(digest.gram, awq.input_gram(scaled)[0], rtol=1e-4, atol=1e-4)
