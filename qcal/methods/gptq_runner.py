@@ -23,6 +23,7 @@ from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.loading import DTYPES
 from qcal.model.offload import DiskWeights
+from qcal.model.replay import AttentionReplay
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import intgrid as grid
@@ -76,20 +77,44 @@ def fingerprint(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor, packed: 
     return resume_fingerprint("gptq", model, cfg, calib, packed)
 
 
+def _attention_replay(layer: nn.Module, steps: tuple[tuple[str, ...], ...],
+                      attention: tuple[str, str] | None, n_batches: int) -> AttentionReplay | None:
+    """A replay of the attention block when every linear inside it is quantized in a step
+    before its output linear's (true-sequential order), else None."""
+    if attention is None:
+        return None
+    block, out = attention
+    step_of = {name: i for i, step in enumerate(steps) for name in step}
+    inside = [n for n in step_of if n.startswith(block + ".") and n != out]
+    if out not in step_of or not inside or any(step_of[n] >= step_of[out] for n in inside):
+        return None
+    return AttentionReplay(layer, block, out, n_batches)
+
+
 def quantize_layer_gptq(
     layer: nn.Module, inputs: LayerInputs, steps: tuple[tuple[str, ...], ...], cfg: GPTQConfig,
     prefix: str = "", device: str = "cpu", packed: bool = True, dist: DistContext = SINGLE,
+    attention: tuple[str, str] | None = None,
 ) -> dict[str, float | None]:
     """Quantize one decoder layer in place; returns {linear name: hessian loss}.
 
     Under torchrun each rank feeds its own calibration shard; the Hessians are summed
-    across ranks, each linear is quantized by its owner rank and broadcast to the others."""
+    across ranks, each linear is quantized by its owner rank and broadcast to the others.
+    With `attention` (ArchSpec.attention) the attention core is run once after q/k/v are
+    final and replayed for the later steps and the layer's final pass (qcal.model.replay;
+    the caller releases it with `release_replay` after that pass)."""
     losses: dict[str, float | None] = {}
+    for name in (n for step in steps for n in step):
+        layer_linear(layer, name)  # fail early on a wrong ArchSpec
+    replay = _attention_replay(layer, steps, attention, len(inputs.hidden))
     for step in steps:
-        for name in step:
-            layer_linear(layer, name)  # fail early on a wrong ArchSpec
         sink = HessianSink(step)
+        records = replay is not None and replay.out_name in step
+        if records:
+            replay.record()
         feed_linear_inputs(layer, inputs, step, sink, device)
+        if records:
+            replay.replay()
         _reduce_hessians(sink, dist)
         # Linears that read the same input (q/k/v, gate/up) share H and its act-order
         # permutation, and GPTQ treats weight rows independently: one column loop over
@@ -193,7 +218,7 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
 
     def one_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
         losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{arch.layers_path}.{index}.",
-                                     opts.device, opts.packed, dist)
+                                     opts.device, opts.packed, dist, arch.attention)
         if dist.is_main:
             opts.log(f"gptq layer {index}: " + ", ".join(
                 f"{n.rsplit('.', 1)[-1]}={v:.4g}" for n, v in losses.items() if v is not None))

@@ -61,6 +61,10 @@ class ArchSpec:
     # AWQ leaves these unclipped: their outputs meet in a softmax, where a linear-output
     # MSE says little about the error that matters (the reference code skips them too).
     awq_clip_skip: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj")
+    # The attention block and its output linear, where the block's output is that linear
+    # applied to its input: GPTQ then replays the attention core instead of recomputing it
+    # in later true-sequential steps (qcal.model.replay). None: always run the block.
+    attention: tuple[str, str] | None = ("self_attn", "self_attn.o_proj")
     # What runs before decoder layer 0 (embeddings, rotary tables): moved to the compute
     # device to capture layer 0's inputs, then back. Missing names are skipped.
     prelude_modules: tuple[str, ...] = ("model.embed_tokens", "model.rotary_emb",

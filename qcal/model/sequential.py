@@ -29,6 +29,7 @@ from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.offload import DiskWeights, return_freed_memory
+from qcal.model.replay import release_replay
 from qcal.packing.qlinear import QuantLinear
 
 LayerFn = Callable[[int, nn.Module, LayerInputs], dict[str, Any]]
@@ -217,6 +218,7 @@ def sequential_quantize(
         inputs = dataclasses.replace(inputs, hidden=run_layer(layer, layer_inputs, device,
                                                               store_dtype, inplace=True))
         _drop_kernel_caches(layer)
+        release_replay(layer)  # a method's attention replay lives until this final pass
         layers[index] = layer.to("cpu") if device != "cpu" else layer
         return_freed_memory()
         if work_dir is not None:

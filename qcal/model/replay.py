@@ -1,0 +1,97 @@
+"""Attention replay: once a layer's attention inputs are final, run its core only once.
+
+GPTQ's true-sequential steps each feed the calibration batches through the layer
+again: o_proj's step, gate/up's, down's and the final pass that makes the next
+layer's inputs all recompute q/k/v, rotary embeddings and the attention core, though
+q/k/v were quantized in the first step and nothing upstream of o_proj changes after
+it. `AttentionReplay` records o_proj's input per batch during o_proj's own step and
+from then on answers the attention block with ``o_proj(recorded input)``: the same
+tensors in, the same op, so the same outputs, at the cost of one stored copy of the
+layer's hidden states.
+
+Valid where the block's output is its output linear applied to that linear's input
+(Llama, Mistral, Qwen2/3, Gemma3: `ArchSpec.attention`). The first replayed batch of
+each layer is also computed for real and compared exactly; on any difference the
+replay turns itself off for the layer and says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcal.module_tree import get_module
+
+_ATTR = "_qcal_attention_replay"
+
+
+class AttentionReplay:
+    """Record, then replay, the attention block of one decoder layer over `n_batches`
+    calibration batches, which every pass through the layer visits in the same order."""
+
+    def __init__(self, layer: nn.Module, block: str, out_linear: str, n_batches: int) -> None:
+        self.layer, self.name, self.out_name = layer, block, out_linear
+        self.block = get_module(layer, block)
+        self.n_batches = n_batches
+        self.cache: dict[int, torch.Tensor] = {}
+        self.batch = -1
+        self.recording = False
+        self.checked = False
+        self.handles = [
+            layer.register_forward_pre_hook(self._next_batch),
+            # On the float linear: it records during its own step, before it is swapped
+            # for its quantized version.
+            get_module(layer, out_linear).register_forward_pre_hook(self._record),
+        ]
+        setattr(layer, _ATTR, self)
+
+    def _next_batch(self, module: nn.Module, args: Any) -> None:
+        self.batch = (self.batch + 1) % self.n_batches
+
+    def _record(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.recording:
+            self.cache[self.batch] = args[0].detach()
+
+    def record(self) -> None:
+        """Record o_proj's inputs during the next pass (its quantization step)."""
+        self.recording, self.batch = True, -1
+
+    def replay(self) -> None:
+        """From now on the block returns o_proj(recorded input) for each batch."""
+        self.recording = False
+        if len(self.cache) != self.n_batches:
+            return  # the pass did not reach o_proj for every batch: keep running it
+        self.block.forward = self._forward  # an instance attribute shadows the class's
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        # The output linear as it is now (quantized after its step replaced it).
+        replayed = get_module(self.layer, self.out_name)(self.cache[self.batch])
+        if not self.checked:  # once per layer: the real block must give the same tensor
+            self.checked = True
+            del self.block.forward
+            real = self.block(*args, **kwargs)
+            real_out = real[0] if isinstance(real, tuple) else real
+            if not torch.equal(real_out, replayed):
+                warnings.warn(f"attention replay of {self.name} differs from running it; "
+                              "running it for the rest of this layer", stacklevel=2)
+                return real
+            self.block.forward = self._forward
+            return real
+        return replayed, None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.block.__dict__.pop("forward", None)
+        self.cache.clear()
+        self.layer.__dict__.pop(_ATTR, None)
+
+
+def release_replay(layer: nn.Module) -> None:
+    """Drop a layer's attention replay (hooks, recorded inputs), if it has one."""
+    replay = layer.__dict__.get(_ATTR)
+    if replay is not None:
+        replay.remove()
