@@ -78,7 +78,9 @@ def baseline_source(rev: str, dest: Path) -> Path:
 
 def peer_version(python: Path, probe: str) -> str:
     out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-    return out.stdout.strip() if out.returncode == 0 else out.stderr.strip()[-300:]
+    # Peers print banners on import; the probe's own line is the last one.
+    lines = (out.stdout if out.returncode == 0 else out.stderr).strip().splitlines()
+    return lines[-1][:300] if lines else f"probe exited {out.returncode}"
 
 
 def main() -> int:
@@ -124,7 +126,8 @@ def main() -> int:
     state["setting"] = setting
 
     def step(key: str, fn: Any) -> Any:
-        if key not in state and (args.only is None or key.split("/")[0] in args.only):
+        failed = isinstance(state.get(key), dict) and state[key].get("returncode", 0) != 0
+        if (key not in state or failed) and (args.only is None or key.split("/")[0] in args.only):
             print(f"== {key}", flush=True)
             state[key] = fn()
             atomic_write_text(state_file, json.dumps(state, indent=1))

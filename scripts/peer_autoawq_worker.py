@@ -35,7 +35,7 @@ def main() -> None:
     from awq import AutoAWQForCausalLM
     from awq.quantize.quantizer import AwqQuantizer
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     ids = load_file(args.calib)["ids"]
     stamps: list[float] = []
@@ -52,7 +52,9 @@ def main() -> None:
     # float32 like qcal; AutoAWQ's default on CPU would be float16.
     model = AutoAWQForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32,
                                                device_map="cpu")
-    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    # The tokenizer_config.json written by transformers 5 names a class 4.51 does not have;
+    # the windows are token ids already, so the fast tokenizer from tokenizer.json suffices.
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(Path(args.model_dir) / "tokenizer.json"))
     loaded = time.perf_counter()
     # Matched to qcal's AWQ defaults: w4, zero point (asymmetric), 20 ratios, no duo scaling,
     # clip search on; the same windows (lists of token ids are used as they are).
