@@ -7,7 +7,10 @@ q/k/v were quantized in the first step and nothing upstream of o_proj changes af
 it. `AttentionReplay` records o_proj's input per batch during o_proj's own step and
 from then on answers the attention block with ``o_proj(recorded input)``: the same
 tensors in, the same op, so the same outputs, at the cost of one stored copy of the
-layer's hidden states.
+layer's hidden states. o_proj is final once its step is over, so its output replaces
+the recorded input on first use and later passes reuse it as it is (a pass that
+modified it in place would be caught by the tensor's version counter, and the block
+then runs for real).
 
 Valid where the block's output is its output linear applied to that linear's input
 (Llama, Mistral, Qwen2/3, Gemma3: `ArchSpec.attention`). The first replayed batch of
@@ -36,7 +39,8 @@ class AttentionReplay:
         self.layer, self.name, self.out_name = layer, block, out_linear
         self.block = get_module(layer, block)
         self.n_batches = n_batches
-        self.cache: dict[int, torch.Tensor] = {}
+        self.cache: dict[int, torch.Tensor] = {}  # o_proj's input, then its output
+        self.versions: dict[int, int] = {}  # batches whose cache holds the output
         self.batch = -1
         self.recording = False
         self.checked = False
@@ -58,6 +62,7 @@ class AttentionReplay:
     def record(self) -> None:
         """Record o_proj's inputs during the next pass (its quantization step)."""
         self.recording, self.batch = True, -1
+        self.versions.clear()
 
     def replay(self) -> None:
         """From now on the block returns o_proj(recorded input) for each batch."""
@@ -66,15 +71,27 @@ class AttentionReplay:
             return  # the pass did not reach o_proj for every batch: keep running it
         self.block.forward = self._forward  # an instance attribute shadows the class's
 
+    def _output(self) -> torch.Tensor | None:
+        """The block's output for the current batch; None if a cached one was changed."""
+        batch = self.batch
+        if batch not in self.versions:
+            # The output linear as it is now: quantized, since its step replaced it.
+            out = get_module(self.layer, self.out_name)(self.cache[batch])
+            self.cache[batch], self.versions[batch] = out, out._version
+            return out
+        out = self.cache[batch]
+        return out if out._version == self.versions[batch] else None
+
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        # The output linear as it is now (quantized after its step replaced it).
-        replayed = get_module(self.layer, self.out_name)(self.cache[self.batch])
-        if not self.checked:  # once per layer: the real block must give the same tensor
+        replayed = self._output()
+        if replayed is None or not self.checked:
+            # Once per layer the real block must give the same tensor; and a cached output
+            # that a pass modified in place cannot be trusted any more.
             self.checked = True
             del self.block.forward
             real = self.block(*args, **kwargs)
             real_out = real[0] if isinstance(real, tuple) else real
-            if not torch.equal(real_out, replayed):
+            if replayed is None or not torch.equal(real_out, replayed):
                 warnings.warn(f"attention replay of {self.name} differs from running it; "
                               "running it for the rest of this layer", stacklevel=2)
                 return real
@@ -87,6 +104,7 @@ class AttentionReplay:
             handle.remove()
         self.block.__dict__.pop("forward", None)
         self.cache.clear()
+        self.versions.clear()
         self.layer.__dict__.pop(_ATTR, None)
 
 

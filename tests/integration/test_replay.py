@@ -93,3 +93,20 @@ def test_no_replay_when_a_step_order_would_make_it_stale(layer_and_inputs) -> No
     one_step = (tuple(spec.linear_names),)  # q/k/v and o_proj in the same step
     assert _attention_replay(layer, one_step, spec.attention, len(inputs.hidden)) is None
     assert _attention_replay(layer, spec.sequential, None, len(inputs.hidden)) is None
+
+
+def test_cached_output_changed_in_place_is_not_reused(layer_and_inputs) -> None:
+    layer, inputs, _ = layer_and_inputs
+    layer = copy.deepcopy(layer)
+    replay = AttentionReplay(layer, "self_attn", "self_attn.o_proj", len(inputs.hidden))
+    replay.record()
+    run_layer(layer, inputs, "cpu", torch.float32, inplace=False)
+    replay.replay()
+    first = run_layer(layer, inputs, "cpu", torch.float32, inplace=False)  # checked, cached
+    with torch.no_grad():
+        replay.cache[1].add_(1.0)  # as a pass that modified the block's output in place would
+    with pytest.warns(UserWarning, match="differs from running it"):
+        again = run_layer(layer, inputs, "cpu", torch.float32, inplace=False)
+    for a, b in zip(first, again, strict=True):
+        assert torch.equal(a, b)
+    release_replay(layer)
