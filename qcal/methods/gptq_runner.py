@@ -78,7 +78,8 @@ def fingerprint(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor, packed: 
 
 
 def _attention_replay(layer: nn.Module, steps: tuple[tuple[str, ...], ...],
-                      attention: tuple[str, str] | None, n_batches: int) -> AttentionReplay | None:
+                      attention: tuple[str, str] | None, n_batches: int,
+                      norm: str | None = None) -> AttentionReplay | None:
     """A replay of the attention block when every linear inside it is quantized in a step
     before its output linear's (true-sequential order), else None."""
     if attention is None:
@@ -88,13 +89,13 @@ def _attention_replay(layer: nn.Module, steps: tuple[tuple[str, ...], ...],
     inside = [n for n in step_of if n.startswith(block + ".") and n != out]
     if out not in step_of or not inside or any(step_of[n] >= step_of[out] for n in inside):
         return None
-    return AttentionReplay(layer, block, out, n_batches)
+    return AttentionReplay(layer, block, out, n_batches, norm)
 
 
 def quantize_layer_gptq(
     layer: nn.Module, inputs: LayerInputs, steps: tuple[tuple[str, ...], ...], cfg: GPTQConfig,
     prefix: str = "", device: str = "cpu", packed: bool = True, dist: DistContext = SINGLE,
-    attention: tuple[str, str] | None = None,
+    attention: tuple[str, str] | None = None, attention_norm: str | None = None,
 ) -> dict[str, float | None]:
     """Quantize one decoder layer in place; returns {linear name: hessian loss}.
 
@@ -102,11 +103,12 @@ def quantize_layer_gptq(
     across ranks, each linear is quantized by its owner rank and broadcast to the others.
     With `attention` (ArchSpec.attention) the attention core is run once after q/k/v are
     final and replayed for the later steps and the layer's final pass (qcal.model.replay;
-    the caller releases it with `release_replay` after that pass)."""
+    the caller releases it with `release_replay` after that pass), skipping
+    `attention_norm` (ArchSpec.attention_norm) while it does."""
     losses: dict[str, float | None] = {}
     for name in (n for step in steps for n in step):
         layer_linear(layer, name)  # fail early on a wrong ArchSpec
-    replay = _attention_replay(layer, steps, attention, len(inputs.hidden))
+    replay = _attention_replay(layer, steps, attention, len(inputs.hidden), attention_norm)
     for step in steps:
         sink = HessianSink(step)
         records = replay is not None and replay.out_name in step
@@ -218,7 +220,8 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
 
     def one_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
         losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{arch.layers_path}.{index}.",
-                                     opts.device, opts.packed, dist, arch.attention)
+                                     opts.device, opts.packed, dist, arch.attention,
+                                     arch.attention_norm)
         if dist.is_main:
             opts.log(f"gptq layer {index}: " + ", ".join(
                 f"{n.rsplit('.', 1)[-1]}={v:.4g}" for n, v in losses.items() if v is not None))

@@ -65,6 +65,8 @@ class ArchSpec:
     # applied to its input: GPTQ then replays the attention core instead of recomputing it
     # in later true-sequential steps (qcal.model.replay). None: always run the block.
     attention: tuple[str, str] | None = ("self_attn", "self_attn.o_proj")
+    # The norm whose output only that attention block reads: skipped while it is replayed.
+    attention_norm: str | None = "input_layernorm"
     # What runs before decoder layer 0 (embeddings, rotary tables): moved to the compute
     # device to capture layer 0's inputs, then back. Missing names are skipped.
     prelude_modules: tuple[str, ...] = ("model.embed_tokens", "model.rotary_emb",

@@ -179,6 +179,56 @@ def run_layer(
     return outs
 
 
+class _Rerun(Exception):
+    """A batch fed while outputs were skipped must run again for real (see `_SharedInput`)."""
+
+
+class _SharedInput:
+    """Skips computing the outputs of a step's linears when they all read one tensor.
+
+    q/k/v (gate/up) read the same normed hidden states, and a step's forward stops once
+    its last linear was fed, so the outputs of the others are computed only to be thrown
+    away. Once a batch has shown every named linear receiving the very same tensor (same
+    storage, shape, strides and version: no in-place change in between), later batches
+    give them a free all-zeros output instead. Each later batch is checked the same way;
+    if a linear then receives anything else it may have been computed from a skipped
+    output, so the batch runs again for real, feeding only what was not fed yet.
+    """
+
+    def __init__(self, layer: nn.Module, names: tuple[str, ...]) -> None:
+        self.modules = [get_module(layer, n) for n in names]
+        # Only plain linears, whose output shape is known without running them.
+        self.possible = len(names) > 1 and all(
+            isinstance(m, nn.Linear) and "forward" not in m.__dict__ for m in self.modules)
+        self.skipping = False
+        self.first: tuple[torch.Tensor, int] | None = None
+
+    def same_input(self, x: torch.Tensor) -> bool:
+        """Called with each fed input in order; False when it is not the batch's first."""
+        if self.first is None:
+            self.first = (x, x._version)
+            return True
+        ref, version = self.first
+        return (x.data_ptr() == ref.data_ptr() and x.shape == ref.shape
+                and x.stride() == ref.stride() and x.dtype == ref.dtype
+                and x.device == ref.device and x._version == version)
+
+    def start(self) -> None:
+        for module in self.modules:  # an instance attribute shadows the class's forward
+            module.forward = functools.partial(_zeros_output, module.out_features)
+        self.skipping = True
+
+    def stop(self) -> None:
+        if self.skipping:
+            for module in self.modules:
+                del module.forward
+        self.skipping = False
+
+
+def _zeros_output(out_features: int, x: torch.Tensor) -> torch.Tensor:
+    return x.new_zeros(()).expand(*x.shape[:-1], out_features)
+
+
 @torch.no_grad()
 def feed_linear_inputs(
     layer: nn.Module, inputs: LayerInputs, names: list[str] | tuple[str, ...],
@@ -186,22 +236,50 @@ def feed_linear_inputs(
 ) -> None:
     """Run every stored batch through `layer`, sending the inputs of the named linears to
     `sink(name, x)`; each forward stops as soon as all named linears were fed, so
-    collecting the inputs of early linears does not pay for the rest of the layer."""
+    collecting the inputs of early linears does not pay for the rest of the layer, and
+    linears that share their input do not compute outputs nobody reads (`_SharedInput`)."""
     wanted = set(names)
-    seen: set[str] = set()
+    fed: set[str] = set()
+    shared = _SharedInput(layer, tuple(names))
+    all_shared = shared.possible
 
     def collect(name: str, x: torch.Tensor) -> None:
-        sink(name, x)
-        seen.add(name)
-        if seen >= wanted:
+        nonlocal all_shared
+        if name not in fed:
+            if not shared.same_input(x):
+                if shared.skipping:
+                    raise _Rerun
+                all_shared = False
+            sink(name, x)
+            fed.add(name)
+        if fed >= wanted:
             raise _StopForward
 
     dtype = _compute_dtype(layer)
-    with capture_linear_inputs(layer, names, collect):
-        for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
-            seen.clear()
-            with suppress(_StopForward):
-                layer(hidden.to(device=device, dtype=dtype), **_to_device(kwargs, device))
+    try:
+        with capture_linear_inputs(layer, names, collect):
+            for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
+                fed.clear()
+                while True:
+                    shared.first = None
+                    try:
+                        layer(hidden.to(device=device, dtype=dtype), **_to_device(kwargs, device))
+                    except _StopForward:
+                        break
+                    except Exception:
+                        if not shared.skipping:
+                            raise
+                    else:
+                        if not shared.skipping:
+                            break
+                    # A zeros output was read by an op that failed, by a named linear, or by
+                    # the rest of the layer (a name was never reached): run it for real.
+                    shared.stop()
+                    all_shared = False
+                if all_shared and fed >= wanted and not shared.skipping:
+                    shared.start()
+    finally:
+        shared.stop()
 
 
 @contextmanager

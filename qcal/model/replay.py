@@ -15,7 +15,10 @@ then runs for real).
 Valid where the block's output is its output linear applied to that linear's input
 (Llama, Mistral, Qwen2/3, Gemma3: `ArchSpec.attention`). The first replayed batch of
 each layer is also computed for real and compared exactly; on any difference the
-replay turns itself off for the layer and says so.
+replay turns itself off for the layer and says so. Once that check passed, the norm
+whose output only the block reads (`ArchSpec.attention_norm`) is skipped as well: it
+hands the replayed block a free all-zeros tensor and keeps its own input, in case the
+block must run for real after all.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ class AttentionReplay:
     """Record, then replay, the attention block of one decoder layer over `n_batches`
     calibration batches, which every pass through the layer visits in the same order."""
 
-    def __init__(self, layer: nn.Module, block: str, out_linear: str, n_batches: int) -> None:
+    def __init__(self, layer: nn.Module, block: str, out_linear: str, n_batches: int,
+                 norm: str | None = None) -> None:
         self.layer, self.name, self.out_name = layer, block, out_linear
         self.block = get_module(layer, block)
+        self.norm = get_module(layer, norm) if norm is not None else None
+        self.norm_input: torch.Tensor | None = None
         self.n_batches = n_batches
         self.cache: dict[int, torch.Tensor] = {}  # o_proj's input, then its output
         self.versions: dict[int, int] = {}  # batches whose cache holds the output
@@ -89,6 +95,7 @@ class AttentionReplay:
             # that a pass modified in place cannot be trusted any more.
             self.checked = True
             del self.block.forward
+            args, kwargs = self._real_input(args, kwargs)
             real = self.block(*args, **kwargs)
             real_out = real[0] if isinstance(real, tuple) else real
             if replayed is None or not torch.equal(real_out, replayed):
@@ -96,13 +103,37 @@ class AttentionReplay:
                               "running it for the rest of this layer", stacklevel=2)
                 return real
             self.block.forward = self._forward
+            self._skip_norm()
             return real
         return replayed, None
+
+    def _skip_norm(self) -> None:
+        if self.norm is not None and "forward" not in self.norm.__dict__:
+            self.norm.forward = self._norm_skipped
+
+    def _norm_skipped(self, x: torch.Tensor) -> torch.Tensor:
+        self.norm_input = x
+        return x.new_zeros(()).expand(x.shape)
+
+    def _real_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The block's arguments with the norm's real output, if the norm was skipped."""
+        if self.norm is None or self.norm.__dict__.get("forward") != self._norm_skipped:
+            return args, kwargs
+        del self.norm.forward
+        assert self.norm_input is not None
+        normed = self.norm(self.norm_input)
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": normed}
+        return (normed, *args[1:]), kwargs
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.block.__dict__.pop("forward", None)
+        if self.norm is not None:
+            self.norm.__dict__.pop("forward", None)
+        self.norm_input = None
         self.cache.clear()
         self.versions.clear()
         self.layer.__dict__.pop(_ATTR, None)

@@ -33,17 +33,19 @@ def layer_and_inputs(tiny_model_dir: Path) -> tuple[torch.nn.Module, LayerInputs
 def _quantized_outputs(layer: torch.nn.Module, inputs: LayerInputs, spec, attention
                        ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], int]:
     """Weights and outputs after quantizing a copy of `layer`, and how often its attention
-    core ran (q_proj is called only then, whichever module holds that name by now)."""
+    core and its norm ran (q_proj is called only then, whichever module holds that name by
+    now; a skipped norm returns a zero-stride tensor)."""
     layer = copy.deepcopy(layer)
-    calls = [0]
+    calls = {"core": 0, "norm": 0}
 
-    def count(module: torch.nn.Module, *_: object) -> None:
-        calls[0] += module is layer.self_attn.q_proj
+    def count(module: torch.nn.Module, args: object, out: torch.Tensor) -> None:
+        calls["core"] += module is layer.self_attn.q_proj
+        calls["norm"] += module is layer.input_layernorm and any(out.stride())
 
     handle = torch.nn.modules.module.register_module_forward_hook(count)
     try:
         quantize_layer_gptq(layer, inputs, spec.sequential, CFG, attention=attention,
-                            packed=False)
+                            attention_norm=spec.attention_norm, packed=False)
         outs = run_layer(layer, inputs, "cpu", torch.float32)
     finally:
         handle.remove()
@@ -51,8 +53,9 @@ def _quantized_outputs(layer: torch.nn.Module, inputs: LayerInputs, spec, attent
     release_replay(layer)
     assert "_qcal_attention_replay" not in layer.__dict__
     assert "forward" not in layer.self_attn.__dict__  # the block runs itself again
+    assert "forward" not in layer.input_layernorm.__dict__  # and so does its norm
     assert replay_left == (attention is not None)
-    return {k: v.clone() for k, v in layer.state_dict().items()}, outs, calls[0]
+    return {k: v.clone() for k, v in layer.state_dict().items()}, outs, calls
 
 
 def test_replay_gives_the_same_weights_and_outputs_as_running_attention(layer_and_inputs) -> None:
@@ -60,7 +63,9 @@ def test_replay_gives_the_same_weights_and_outputs_as_running_attention(layer_an
     with_replay, out_replay, replayed_calls = _quantized_outputs(layer, inputs, spec,
                                                                  spec.attention)
     plain, out_plain, plain_calls = _quantized_outputs(layer, inputs, spec, None)
-    assert replayed_calls < plain_calls  # the core really was skipped in later passes
+    # The core and its norm really were skipped in later passes.
+    assert replayed_calls["core"] < plain_calls["core"]
+    assert replayed_calls["norm"] < plain_calls["norm"]
     assert with_replay.keys() == plain.keys()
     for key in plain:
         assert torch.equal(with_replay[key], plain[key]), key
@@ -98,7 +103,9 @@ def test_no_replay_when_a_step_order_would_make_it_stale(layer_and_inputs) -> No
 def test_cached_output_changed_in_place_is_not_reused(layer_and_inputs) -> None:
     layer, inputs, _ = layer_and_inputs
     layer = copy.deepcopy(layer)
-    replay = AttentionReplay(layer, "self_attn", "self_attn.o_proj", len(inputs.hidden))
+    # With the norm skipped once the check passed, the real block must get its real input.
+    replay = AttentionReplay(layer, "self_attn", "self_attn.o_proj", len(inputs.hidden),
+                             "input_layernorm")
     replay.record()
     run_layer(layer, inputs, "cpu", torch.float32, inplace=False)
     replay.replay()
