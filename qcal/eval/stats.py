@@ -5,6 +5,8 @@ paired tests between two settings scored on the same evaluation units.
 - `paired_ppl_test`: two models' summed NLL on the same evaluation windows; a paired
   bootstrap over windows gives the perplexity difference, its 95% interval and a
   two-sided p-value; Cohen's d_z of the per-window mean-NLL differences is the effect size.
+- `seeded_ppl_test`: two calibration settings, each quantized from several independent
+  draws (seeds): a bootstrap over windows (paired) and over each side's seeds.
 - `paired_mean_test`: the same for per-item values (accuracy as 0/1, gold-answer
   confidence), plus the paired t-test.
 
@@ -76,6 +78,47 @@ def paired_ppl_test(nll_a: Sequence[float], tokens_a: Sequence[int], nll_b: Sequ
             "ci_low": float(lo), "ci_high": float(hi), "p": _bootstrap_p(boot, delta),
             "effect_dz": cohens_dz(a / ta - b / tb), "units": int(a.size),
             "significant": bool(lo > 0 or hi < 0)}
+
+
+def seeded_ppl_test(nll_a: Sequence[Sequence[float]], nll_b: Sequence[Sequence[float]],
+                    tokens: Sequence[int], n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0,
+                    level: float = LEVEL) -> dict[str, Any]:
+    """Is setting A's perplexity different from B's, over calibration draws *and* windows?
+
+    `nll_a` [seeds_a][windows] and `nll_b` [seeds_b][windows] are per-window summed NLLs of
+    the models quantized from each seed's calibration draw, all scored on the same windows
+    (`tokens` per window). A setting's perplexity is the mean over its seeds; delta =
+    ppl_A - ppl_B (negative: A better). Seeds of A and B are independent draws (seed 0 of
+    one set has nothing to do with seed 0 of another), so each bootstrap replicate resamples
+    the windows once for both (they are paired) and the seeds of each side on their own:
+    the interval carries the calibration-draw variance that a window-only test ignores.
+    """
+    a, b = np.asarray(nll_a, dtype=np.float64), np.asarray(nll_b, dtype=np.float64)
+    tok = np.asarray(tokens, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or a.shape[1] != tok.size \
+            or tok.size == 0 or 0 in (a.shape[0], b.shape[0]):
+        raise ValueError("a seeded test needs [seeds][windows] NLLs of both settings on the "
+                         "same windows")
+    rng = np.random.default_rng(seed)
+    windows = rng.integers(0, tok.size, size=(n_boot, tok.size))
+    boot_tokens = tok[windows].sum(1)
+
+    def boot_ppl(x: np.ndarray) -> np.ndarray:
+        per_seed = np.exp(x[:, windows].sum(2) / boot_tokens)  # [seeds, n_boot]
+        draws = rng.integers(0, x.shape[0], size=(x.shape[0], n_boot))
+        return np.take_along_axis(per_seed, draws, axis=0).mean(0)
+
+    boot = boot_ppl(a) - boot_ppl(b)
+    seeds_a = np.exp(a.sum(1) / tok.sum())
+    seeds_b = np.exp(b.sum(1) / tok.sum())
+    delta = float(seeds_a.mean() - seeds_b.mean())
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return {"ppl_a": float(seeds_a.mean()), "ppl_b": float(seeds_b.mean()), "delta": delta,
+            "relative": delta / float(seeds_b.mean()), "ci_low": float(lo), "ci_high": float(hi),
+            "p": _bootstrap_p(boot, delta),
+            "effect_dz": cohens_dz(a.mean(0) / tok - b.mean(0) / tok),
+            "seeds_a": [float(v) for v in seeds_a], "seeds_b": [float(v) for v in seeds_b],
+            "units": int(tok.size), "significant": bool(lo > 0 or hi < 0)}
 
 
 def paired_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAULT_BOOTSTRAP,

@@ -7,7 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from qcal.eval.stats import mean_ci, paired_mean_test, paired_ppl_test, verdict
+from qcal.eval.stats import (
+    mean_ci,
+    paired_mean_test,
+    paired_ppl_test,
+    seeded_ppl_test,
+    verdict,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -59,3 +65,44 @@ def test_paired_mean_test_on_items() -> None:
 def test_paired_test_refuses_different_windows() -> None:
     with pytest.raises(ValueError, match="same windows"):
         paired_ppl_test([1.0, 2.0], [10, 10], [1.0, 2.0], [10, 11])
+
+
+def _seeded(shifts: list[float], base: np.ndarray) -> list[list[float]]:
+    """Per-seed window NLLs: the same windows, each seed's model shifted as a whole."""
+    return [list(base + s) for s in shifts]
+
+
+def test_seeded_test_of_identical_settings_finds_nothing() -> None:
+    base = np.random.default_rng(2).uniform(300, 400, size=30)
+    nll = _seeded([0.0, 1.0, -1.0], base)
+    test = seeded_ppl_test(nll, nll, [100] * 30)
+    assert test["delta"] == pytest.approx(0.0) and not test["significant"]
+
+
+def test_seeded_test_sees_a_shift_that_every_seed_shares() -> None:
+    base = np.random.default_rng(3).uniform(300, 400, size=30)
+    a, b = _seeded([-20.0, -21.0, -19.0], base), _seeded([0.0, 1.0, -1.0], base)
+    test = seeded_ppl_test(a, b, [100] * 30)
+    assert test["significant"] and test["ci_high"] < 0 and test["p"] < 0.01
+    # The setting's perplexity is the mean over its seeds' perplexities.
+    expected = np.mean([math.exp((base + s).sum() / 3000) for s in (-20.0, -21.0, -19.0)])
+    assert test["ppl_a"] == pytest.approx(expected) and len(test["seeds_a"]) == 3
+
+
+def test_seed_to_seed_spread_widens_the_interval_a_window_test_would_give() -> None:
+    # The seeds disagree by far more than the mean shift: averaging them first and testing
+    # over windows alone would call the shift significant; over seeds too it is not.
+    base = np.random.default_rng(4).uniform(300, 400, size=30)
+    a = _seeded([-40.0, 0.0, 34.0], base)
+    b = _seeded([-30.0, 0.0, 36.0], base)
+    windows_only = paired_ppl_test(list(np.mean(a, 0)), [100] * 30, list(np.mean(b, 0)),
+                                   [100] * 30)
+    seeded = seeded_ppl_test(a, b, [100] * 30)
+    assert windows_only["significant"] and not seeded["significant"]
+    assert seeded["ci_high"] - seeded["ci_low"] > 5 * (windows_only["ci_high"]
+                                                        - windows_only["ci_low"])
+
+
+def test_seeded_test_refuses_different_windows() -> None:
+    with pytest.raises(ValueError, match="same windows"):
+        seeded_ppl_test([[1.0, 2.0]], [[1.0, 2.0, 3.0]], [10, 10])
