@@ -17,7 +17,6 @@ finished is rendered from the cells it has and says which are missing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from statistics import mean
@@ -26,8 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.eval.stats import mean_ci, verdict  # noqa: E402
-from qcal.grid import FLOAT_CELL, load_cells  # noqa: E402
+from qcal.eval.stats import mean_ci_text, verdict  # noqa: E402
+from qcal.grid import FLOAT_CELL  # noqa: E402
 from qcal.grid.multilingual import (  # noqa: E402
     METHODS,
     MIXES,
@@ -39,14 +38,8 @@ from qcal.grid.multilingual import (  # noqa: E402
     ppl_rows,
     versus_baseline,
 )
+from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
-
-
-def interval_text(values: list[float]) -> str:
-    ci = mean_ci(values)
-    if ci["half_width"] is None:
-        return f"{ci['mean']:.2f} (1 seed)"
-    return f"{ci['mean']:.2f} ± {ci['half_width']:.2f}"
 
 
 def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
@@ -66,8 +59,8 @@ def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
                 continue
             per_seed = [{lang: ppl_rows(r)[lang]["ppl"] for lang in langs} for r in recs]
             rows.append([method, selector, len(recs),
-                         *[interval_text([p[lang] for p in per_seed]) for lang in langs],
-                         interval_text([mean(p.values()) for p in per_seed])])
+                         *[mean_ci_text([p[lang] for p in per_seed]) for lang in langs],
+                         mean_ci_text([mean(p.values()) for p in per_seed])])
             data[f"{method}/{selector}"] = per_seed
     return rows, data
 
@@ -80,19 +73,14 @@ def test_rows(tests: list[dict[str, Any]]) -> list[list[object]]:
 
 
 def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
-    from qcal.grid import grid_from_dict, plan_cells
-
-    spec = json.loads((run / "grid.json").read_text())["spec"]
-    planned = [c.key for c in plan_cells(grid_from_dict(spec))]
-    cells = load_cells(run)
-    missing = [k for k in planned if k not in cells]
+    spec, cells, missing = grid_progress(run)
     langs = list(spec["eval_langs"])
     groups = by_setting(cells)
     rows, table = ppl_table(cells, groups, langs)
     parts = [f"## {spec.get('model') or 'SmolLM2-135M-Instruct (default model)'} "
              f"(`{run.relative_to(ROOT)}`)",
              f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
-             f"{len(planned) - len(missing)} of {len(planned)}"
+             f"{len(cells)} of {len(cells) + len(missing)}"
              + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "") + ".",
              f"Perplexity per language: mean over calibration seeds ± the half-width of its "
              f"95% t-interval; {spec['nsamples']} x {spec['seqlen']} calibration tokens per "

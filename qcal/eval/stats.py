@@ -42,6 +42,14 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
             "n": n}
 
 
+def mean_ci_text(values: Sequence[float]) -> str:
+    """'mean ± half-width' of `mean_ci` for a table cell ('mean (1 seed)' for one run)."""
+    ci = mean_ci(values)
+    if ci["half_width"] is None:
+        return f"{ci['mean']:.2f} (1 seed)"
+    return f"{ci['mean']:.2f} ± {ci['half_width']:.2f}"
+
+
 def _bootstrap_p(deltas: np.ndarray, observed: float) -> float:
     """Two-sided p-value of 'no difference' from bootstrap deltas (percentile method)."""
     if observed == 0:

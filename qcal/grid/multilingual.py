@@ -37,11 +37,27 @@ def by_setting(cells: dict[str, dict[str, Any]]) -> dict[tuple[str, str], list[d
     return groups
 
 
+def has_windows(recs: list[dict[str, Any]], langs: list[str]) -> bool:
+    """Whether every cell recorded per-window NLLs for `langs` (older cells did not)."""
+    return all(ppl_rows(r).get(lang, {}).get("window_nll") for r in recs for lang in langs)
+
+
 def window_nll(recs: list[dict[str, Any]], langs: list[str]) -> tuple[list[list[float]], list[int]]:
     """[seeds][windows] summed NLLs over the windows of `langs` (concatenated), and tokens."""
     nll = [[x for lang in langs for x in ppl_rows(r)[lang]["window_nll"]] for r in recs]
     tokens = [t for lang in langs for t in ppl_rows(recs[0])[lang]["window_tokens"]]
     return nll, tokens
+
+
+def seeded_test(a_recs: list[dict[str, Any]], b_recs: list[dict[str, Any]],
+                langs: list[str]) -> dict[str, Any] | None:
+    """`seeded_ppl_test` of two settings on the windows of `langs` pooled; None when a cell
+    has no per-window NLLs to pair."""
+    if not has_windows(a_recs + b_recs, langs):
+        return None
+    a, tokens = window_nll(a_recs, langs)
+    b, _ = window_nll(b_recs, langs)
+    return seeded_ppl_test(a, b, tokens)
 
 
 def versus_baseline(groups: dict, method: str, baseline: str, candidates: list[str],
@@ -51,12 +67,10 @@ def versus_baseline(groups: dict, method: str, baseline: str, candidates: list[s
     out = []
     for selector in candidates:
         recs = groups.get((method, selector))
-        if not recs or not base or selector == baseline:
-            continue
-        a, tokens = window_nll(recs, langs)
-        b, _ = window_nll(base, langs)
-        out.append({"method": method, "a": selector, "b": baseline,
-                    **seeded_ppl_test(a, b, tokens)})
+        test = seeded_test(recs, base, langs) if recs and base and selector != baseline \
+            else None
+        if test is not None:
+            out.append({"method": method, "a": selector, "b": baseline, **test})
     return out
 
 
@@ -87,14 +101,12 @@ def against_rtn(cells: dict[str, dict[str, Any]], groups: dict, method: str,
     rtn = cells.get("none__rtn")
     if rtn is None:
         return []
-    b, _ = window_nll([rtn], langs)
     out = []
     for selector in SINGLE + MIXES:
         recs = groups.get((method, selector))
-        if recs:
-            a, tokens = window_nll(recs, langs)
-            out.append({"method": method, "a": selector, "b": "rtn",
-                        **seeded_ppl_test(a, b, tokens)})
+        test = seeded_test(recs, [rtn], langs) if recs else None
+        if test is not None:
+            out.append({"method": method, "a": selector, "b": "rtn", **test})
     return out
 
 

@@ -258,3 +258,16 @@ def load_cells(results_root: Path) -> dict[str, dict[str, Any]]:
     if not cells_dir.is_dir():
         raise ConfigError(f"{results_root} has no cells/; run `qcal compare` first")
     return {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
+
+
+def grid_progress(results_root: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
+                                                list[str]]:
+    """(the grid's spec as saved in grid.json, its finished cells, the planned cell keys not
+    finished yet): what a report of a partly run grid needs to say."""
+    grid_file = Path(results_root) / "grid.json"
+    if not grid_file.is_file():
+        raise ConfigError(f"{results_root} has no grid.json; run `qcal compare` first")
+    spec = json.loads(grid_file.read_text())["spec"]
+    cells = load_cells(results_root)
+    missing = [c.key for c in plan_cells(grid_from_dict(spec)) if c.key not in cells]
+    return spec, cells, missing

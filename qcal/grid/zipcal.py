@@ -1,0 +1,114 @@
+"""The ZipCal study's comparisons, from the cells of a seeded grid over selectors and budgets.
+
+Pure functions of cell records (no files): per method and calibration budget (nsamples),
+random vs Zipf-diverse vs perplexity-based selection over calibration seeds, tested on
+the same evaluation windows (`qcal.eval.stats.seeded_ppl_test`), with what each selection
+cost (from the calibration manifests). The published claim under test is that Zipf
+selection *matches* perplexity-based selection at a fraction of the cost, so that pair
+also gets an equivalence verdict: the 95% interval of the relative difference inside
++-`EQUIVALENCE_MARGIN`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+from typing import Any
+
+from qcal.grid.multilingual import ppl_rows, seeded_test
+
+SELECTORS = ["random", "zipf", "perplexity"]
+METHODS = ["gptq", "awq"]
+PAIRS = [("zipf", "perplexity"), ("zipf", "random"), ("perplexity", "random")]
+EQUIVALENCE_MARGIN = 0.01  # relative perplexity difference that counts as "matches"
+
+
+def by_budget(cells: dict[str, dict[str, Any]]
+              ) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
+    """{(method, nsamples, selector): [cell per seed, in seed order]}."""
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
+    for rec in cells.values():
+        if rec.get("method") in METHODS and rec.get("selector") in SELECTORS:
+            nsamples = (rec.get("axes") or {}).get("nsamples") or \
+                (rec.get("calibration") or {}).get("nsamples")
+            groups[(rec["method"], int(nsamples), rec["selector"])].append(rec)
+    for recs in groups.values():
+        recs.sort(key=lambda r: (r.get("axes") or {}).get("seed", 0))
+    return groups
+
+
+def equivalence(test: dict[str, Any], margin: float = EQUIVALENCE_MARGIN) -> str:
+    """'matches', 'beats', 'trails' or 'inconclusive' for A against B (lower ppl is better).
+
+    'matches' needs the whole 95% interval of (ppl_A - ppl_B) / ppl_B inside +-margin; a
+    significant difference outside it is 'beats' / 'trails'; anything else is too wide to
+    tell."""
+    low, high = test["ci_low"] / test["ppl_b"], test["ci_high"] / test["ppl_b"]
+    if -margin <= low and high <= margin:
+        return "matches"
+    if test["significant"]:
+        return "beats" if test["delta"] < 0 else "trails"
+    return "inconclusive"
+
+
+def pair_tests(groups: dict, langs: list[str]) -> list[dict[str, Any]]:
+    """Every pair of PAIRS within one method and budget, on the windows of `langs` pooled."""
+    out = []
+    for method, nsamples in sorted({(m, n) for m, n, _ in groups}):
+        for a_sel, b_sel in PAIRS:
+            a_recs, b_recs = groups.get((method, nsamples, a_sel)), groups.get((method, nsamples,
+                                                                                  b_sel))
+            test = seeded_test(a_recs, b_recs, langs) if a_recs and b_recs else None
+            if test is None:
+                continue
+            out.append({"method": method, "nsamples": nsamples, "a": a_sel, "b": b_sel, **test,
+                        "equivalence": equivalence(test)})
+    return out
+
+
+def selection_cost(groups: dict) -> dict[str, dict[int, float]]:
+    """{selector: {nsamples: mean selection seconds over the grid's own draws}}."""
+    seconds: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (_, nsamples, selector), recs in groups.items():
+        for rec in recs:
+            timing = (rec.get("calibration") or {}).get("timing") or {}
+            if timing.get("selection_seconds") is not None:
+                seconds[selector][nsamples].append(float(timing["selection_seconds"]))
+    return {sel: {n: mean(v) for n, v in sorted(by_n.items())} for sel, by_n in seconds.items()}
+
+
+def mean_ppl(recs: list[dict[str, Any]], langs: list[str]) -> list[float]:
+    """Per seed: the mean over `langs` of the cell's perplexity."""
+    return [mean(ppl_rows(r)[lang]["ppl"] for lang in langs) for r in recs]
+
+
+def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]]) -> list[str]:
+    out = []
+    zp = [t for t in tests if (t["a"], t["b"]) == ("zipf", "perplexity")]
+    if zp:
+        verdicts = [f"{t['method']} n={t['nsamples']}: {t['equivalence']} "
+                    f"({100 * t['relative']:+.2f}%, 95% CI [{100 * t['ci_low'] / t['ppl_b']:+.2f}%, "
+                    f"{100 * t['ci_high'] / t['ppl_b']:+.2f}%])" for t in zp]
+        not_worse = sum(t["equivalence"] in ("matches", "beats") for t in zp)
+        agrees = ("agrees" if not_worse == len(zp) else
+                  "disagrees" if all(t["equivalence"] == "trails" for t in zp) else "partly agrees")
+        out.append(f"- **zipf vs perplexity selection**: {'; '.join(verdicts)}. Zipf matches or "
+                   f"beats perplexity-based selection in {not_worse} of {len(zp)} settings; this "
+                   f"{agrees} with the published claim that it matches it (equivalence margin "
+                   f"+-{100 * EQUIVALENCE_MARGIN:.0f}%).")
+    zr = [t for t in tests if (t["a"], t["b"]) == ("zipf", "random")]
+    if zr:
+        better = [f"{t['method']} n={t['nsamples']}" for t in zr
+                  if t["significant"] and t["delta"] < 0]
+        worse = [f"{t['method']} n={t['nsamples']}" for t in zr
+                 if t["significant"] and t["delta"] > 0]
+        out.append(f"- **zipf vs random selection**: zipf significantly better in {len(better)} of "
+                   f"{len(zr)} settings ({', '.join(better) or 'none'}), significantly worse in "
+                   f"{len(worse)} ({', '.join(worse) or 'none'}).")
+    if "zipf" in cost and "perplexity" in cost:
+        ratios = [f"n={n}: {cost['perplexity'][n] / cost['zipf'][n]:.0f}x"
+                  for n in cost["zipf"] if n in cost["perplexity"] and cost["zipf"][n] > 0]
+        if ratios:
+            out.append("- **cost**: perplexity-based selection took longer than zipf by "
+                       + ", ".join(ratios) + " (selection seconds in the calibration manifests).")
+    return out
