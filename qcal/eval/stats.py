@@ -42,12 +42,12 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
             "n": n}
 
 
-def mean_ci_text(values: Sequence[float]) -> str:
+def mean_ci_text(values: Sequence[float], digits: int = 2) -> str:
     """'mean ± half-width' of `mean_ci` for a table cell ('mean (1 seed)' for one run)."""
     ci = mean_ci(values)
     if ci["half_width"] is None:
-        return f"{ci['mean']:.2f} (1 seed)"
-    return f"{ci['mean']:.2f} ± {ci['half_width']:.2f}"
+        return f"{ci['mean']:.{digits}f} (1 seed)"
+    return f"{ci['mean']:.{digits}f} ± {ci['half_width']:.{digits}f}"
 
 
 def _bootstrap_p(deltas: np.ndarray, observed: float) -> float:
@@ -142,7 +142,10 @@ def paired_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAU
     boot = diff[rng.integers(0, diff.size, size=(n_boot, diff.size))].mean(1)
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     delta = float(diff.mean())
-    t = stats.ttest_rel(x, y) if diff.size > 1 and diff.std() > 0 else None
+    # Differences that are constant up to rounding have no variance to test (scipy would
+    # warn of catastrophic cancellation and return noise).
+    varies = diff.size > 1 and not np.allclose(diff, diff[0], rtol=0.0, atol=1e-12)
+    t = stats.ttest_rel(x, y) if varies else None
     return {"mean_a": float(x.mean()), "mean_b": float(y.mean()), "delta": delta,
             "ci_low": float(lo), "ci_high": float(hi), "p_bootstrap": _bootstrap_p(boot, delta),
             "p_ttest": float(t.pvalue) if t is not None else None,

@@ -1,0 +1,121 @@
+"""The confidence study's numbers, from the cells of a seeded grid with benchmark tasks.
+
+Pure functions of cell records (no files). Per task and method: lm-eval's own accuracy
+(with its stderr and item count), the calibration metrics of the raw choice
+probabilities (accuracy, ECE, Brier, NLL, gold-answer confidence) as the mean over
+calibration seeds with a 95% interval, and the drift from the float model on the same
+items: paired tests of gold-answer confidence and accuracy, and the per-quartile table
+(quartiles of the *float* model's gold-answer confidence) behind the published claim that
+4-bit GPTQ lowers confidence on the gold answer mostly where the float model was already
+unsure. A calibrated method's item probabilities are averaged over its seeds first (the
+expected model of a random calibration draw; gold-answer confidence is linear in them).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from qcal.eval.confidence import confidence_metrics
+from qcal.eval.drift import item_drift
+from qcal.eval.stats import mean_ci, paired_mean_test
+from qcal.grid.report import float_key, item_probs
+from qcal.grid.spec import FLOAT_CELL
+
+METRICS = ("acc", "ece", "brier", "nll", "conf_true")
+
+
+def by_method(cells: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """{label: [cell per seed, in seed order]} for the quantized cells (float excluded); the
+    label is the method, with the selector appended unless it is random (or none)."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rec in cells.values():
+        method, selector = rec.get("method"), rec.get("selector")
+        if method is not None:
+            label = method if selector in (None, "random") else f"{method}/{selector}"
+            groups[label].append(rec)
+    for recs in groups.values():
+        recs.sort(key=lambda r: (r.get("axes") or {}).get("seed", 0))
+    return dict(groups)
+
+
+def lm_eval_scores(rec: dict[str, Any], task: str) -> dict[str, Any]:
+    """lm-eval's own acc / acc_norm with stderr and item count for one cell and task."""
+    results = (((rec.get("eval") or {}).get("lm_eval") or {}).get("results") or {}).get("model") \
+        or {}
+    row = results.get(task) or {}
+    out = {"n": row.get("sample_len")}
+    for metric in ("acc", "acc_norm"):
+        if f"{metric},none" in row:
+            out[metric] = row[f"{metric},none"]
+            out[f"{metric}_stderr"] = row.get(f"{metric}_stderr,none")
+    return out
+
+
+def seed_metrics(recs: list[dict[str, Any]], task: str) -> dict[str, dict[str, Any]]:
+    """Per metric: mean_ci over the seeds' calibration metrics on `task`."""
+    per_seed = [confidence_metrics(*item_probs(r)[task]) for r in recs if task in item_probs(r)]
+    return {m: mean_ci([s[m] for s in per_seed]) for m in METRICS} if per_seed else {}
+
+
+def drift_from_float(float_rec: dict[str, Any], recs: list[dict[str, Any]], task: str
+                     ) -> dict[str, Any] | None:
+    """Paired drift of a method (its seed-averaged item probabilities) from the float model
+    on the same items; None when the items do not line up."""
+    base = item_probs(float_rec).get(task)
+    runs = [item_probs(r).get(task) for r in recs]
+    if base is None or not runs or any(r is None or r[0].shape != base[0].shape for r in runs):
+        return None
+    probs, gold = np.mean([r[0] for r in runs], axis=0), base[1]
+    if any(not np.array_equal(r[1], gold) for r in runs):
+        return None
+    drift = item_drift(base[0], probs, gold)
+    rows = np.arange(len(gold))
+    acc_test = paired_mean_test((probs.argmax(1) == gold).astype(float),
+                                (base[0].argmax(1) == gold).astype(float))
+    conf_test = paired_mean_test(probs[rows, gold], base[0][rows, gold])
+    quartile_tests = []
+    order = np.argsort(base[0][rows, gold], kind="stable")
+    for idx in np.array_split(order, 4):
+        quartile_tests.append(paired_mean_test(probs[idx, gold[idx]], base[0][idx, gold[idx]])
+                              if idx.size > 1 else None)
+    return {"seeds": len(runs), "drift": drift, "acc_test": acc_test, "conf_true_test": conf_test,
+            "quartile_tests": quartile_tests}
+
+
+def quartile_claim(drift: dict[str, Any]) -> str:
+    """Does the loss of gold-answer confidence concentrate where the float model was unsure?
+
+    'agrees' when the mean change is a significant drop overall and the lowest quartile of
+    float confidence has the largest drop; 'no drop' when there is no significant drop at
+    all; otherwise 'disagrees' (the drop sits elsewhere)."""
+    test = drift["conf_true_test"]
+    if not (test["significant"] and test["delta"] < 0):
+        return "no drop"
+    deltas = [q.get("delta_conf_true", 0.0) for q in drift["drift"]["by_base_conf_quantile"]]
+    return "agrees" if int(np.argmin(deltas)) == 0 else "disagrees"
+
+
+def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
+    """Everything the confidence tables show, per task: float, then each method."""
+    groups = by_method(cells)
+    out: dict[str, Any] = {}
+    for task in tasks:
+        per_method: dict[str, Any] = {}
+        float_rec = cells.get(FLOAT_CELL)
+        if float_rec is not None:
+            per_method["float"] = {"lm_eval": lm_eval_scores(float_rec, task),
+                                   "metrics": seed_metrics([float_rec], task)}
+        for method, recs in sorted(groups.items()):
+            entry: dict[str, Any] = {
+                "seeds": len(recs), "lm_eval": [lm_eval_scores(r, task) for r in recs],
+                "metrics": seed_metrics(recs, task)}
+            base = cells.get(float_key(recs[0])) or float_rec
+            drift = drift_from_float(base, recs, task) if base is not None else None
+            if drift is not None:
+                entry["drift"] = {**drift, "claim": quartile_claim(drift)}
+            per_method[method] = entry
+        out[task] = per_method
+    return out

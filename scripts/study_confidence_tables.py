@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""The confidence study (issue 15): benchmark accuracy, calibration and drift tables.
+
+Reads the cells of one or more `study_confidence*` grids (one per model; configs/
+study_confidence.yaml, configs/study_confidence_gemma3.yaml) and writes two reports:
+- benchmarks: lm-eval's own accuracy (and acc_norm) with stderr and item counts, float
+  and every method, the calibrated ones as the mean over calibration seeds;
+- confidence: accuracy, ECE, Brier, NLL and gold-answer confidence of the raw choice
+  probabilities (mean ± 95% interval over seeds), the paired drift from the float model
+  on the same items, and the per-quartile table that tests the published claim that 4-bit
+  GPTQ lowers confidence on the gold answer mostly where the float model was unsure
+  (qcal.grid.confidence_study).
+A grid that is not finished is rendered from the cells it has and says which are missing.
+
+    python scripts/study_confidence_tables.py [--grid results/study_confidence ...]
+        [--out-confidence results/confidence] [--out-benchmarks results/benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from qcal.eval.stats import mean_ci_text  # noqa: E402
+from qcal.grid.confidence_study import METRICS, study  # noqa: E402
+from qcal.grid.runner import grid_progress  # noqa: E402
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+
+CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, mostly where the "
+         "float model was already unsure")
+
+
+def _score(runs: list[dict[str, Any]], metric: str) -> str:
+    values = [r[metric] for r in runs if r.get(metric) is not None]
+    if not values:
+        return "-"
+    errs = [r.get(f"{metric}_stderr") for r in runs if r.get(f"{metric}_stderr") is not None]
+    text = mean_ci_text(values, 4) if len(values) > 1 else f"{values[0]:.4f}"
+    return text + (f" (stderr {mean(errs):.4f})" if errs else "")
+
+
+def benchmark_rows(per_task: dict[str, Any]) -> list[list[object]]:
+    rows = []
+    for task, per_method in per_task.items():
+        for method, entry in per_method.items():
+            runs = entry["lm_eval"] if isinstance(entry["lm_eval"], list) else [entry["lm_eval"]]
+            rows.append([task, method, entry.get("seeds", "-"), runs[0].get("n") or "-",
+                         _score(runs, "acc"), _score(runs, "acc_norm")])
+    return rows
+
+
+def confidence_rows(per_task: dict[str, Any]) -> list[list[object]]:
+    rows = []
+    for task, per_method in per_task.items():
+        for method, entry in per_method.items():
+            m = entry["metrics"]
+            if m:
+                rows.append([task, method, *[_ci4(m[k]) for k in METRICS]])
+    return rows
+
+
+def _ci4(ci: dict[str, Any]) -> str:
+    if ci["half_width"] is None:
+        return f"{ci['mean']:.4f}"
+    return f"{ci['mean']:.4f} ± {ci['half_width']:.4f}"
+
+
+def drift_rows(per_task: dict[str, Any]) -> tuple[list[list[object]], list[list[object]]]:
+    drift, quartiles = [], []
+    for task, per_method in per_task.items():
+        for method, entry in per_method.items():
+            d = entry.get("drift")
+            if d is None:
+                continue
+            acc, conf = d["acc_test"], d["conf_true_test"]
+            drift.append([task, method, d["seeds"], d["drift"]["n"],
+                          f"{acc['delta']:+.4f} [{acc['ci_low']:+.4f}, {acc['ci_high']:+.4f}]",
+                          f"{conf['delta']:+.4f} [{conf['ci_low']:+.4f}, {conf['ci_high']:+.4f}]",
+                          "-" if conf["p_ttest"] is None else f"{conf['p_ttest']:.3g}",
+                          f"{d['drift']['flip_rate']:.3f}", d["claim"]])
+            for q, test in zip(d["drift"]["by_base_conf_quantile"], d["quartile_tests"],
+                               strict=True):
+                lo, hi = q["base_conf_true_range"]
+                quartiles.append([task, method, q["quantile"], f"{lo:.3f}-{hi:.3f}", q["n"],
+                                  f"{q['base_conf_true']:.4f}", f"{q['delta_conf_true']:+.4f}",
+                                  "-" if test is None or test["p_ttest"] is None
+                                  else f"{test['p_ttest']:.3g}",
+                                  f"{q['share_of_loss']:.2f}", f"{q['flip_rate']:.3f}"])
+    return drift, quartiles
+
+
+def findings(per_task: dict[str, Any]) -> list[str]:
+    out = []
+    labels = sorted({m for pm in per_task.values() for m in pm if m != "float"})
+    for method in labels:
+        claims = {task: pm[method]["drift"]["claim"] for task, pm in per_task.items()
+                  if method in pm and "drift" in pm[method]}
+        if claims:
+            counts = {c: sum(v == c for v in claims.values()) for c in ("agrees", "disagrees",
+                                                                        "no drop")}
+            out.append(f"- **{method}**: of {len(claims)} tasks, the loss of gold-answer confidence "
+                       f"concentrates in the float model's least confident quartile in "
+                       f"{counts['agrees']} (agrees with the {CLAIM}), elsewhere in "
+                       f"{counts['disagrees']} (disagrees), and there is no significant drop in "
+                       f"{counts['no drop']}: " + ", ".join(f"{t}: {c}" for t, c in claims.items())
+                       + ".")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grid", type=Path, action="append")
+    p.add_argument("--out-confidence", type=Path, default=ROOT / "results" / "confidence")
+    p.add_argument("--out-benchmarks", type=Path, default=ROOT / "results" / "benchmarks")
+    args = p.parse_args()
+    grids = [g.resolve() for g in (args.grid or [ROOT / "results" / "study_confidence"])]
+    conf_parts, bench_parts, data = [], [], {}
+    for run in grids:
+        spec, cells, missing = grid_progress(run)
+        per_task = study(cells, list(spec.get("tasks") or []))
+        data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
+        head = [f"## {spec.get('model') or 'SmolLM2-135M-Instruct (default model)'} "
+                f"(`{run.relative_to(ROOT)}`)",
+                f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
+                f"{len(cells)} of {len(cells) + len(missing)}"
+                + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "")
+                + f"; items per task: lm-eval --limit {spec.get('limit') or 'none (all)'}."]
+        bench_parts += [*head, markdown_table(
+            ["task", "model", "seeds", "items", "acc (lm-eval)", "acc_norm (lm-eval)"],
+            benchmark_rows(per_task))]
+        drift, quartiles = drift_rows(per_task)
+        conf_parts += [*head,
+                       "### Calibration of the raw choice probabilities (mean ± 95% CI over seeds)",
+                       markdown_table(["task", "model", *METRICS], confidence_rows(per_task)),
+                       "### Drift from the float model on the same items",
+                       "Δ = model - float, per item, the model's probabilities averaged over its "
+                       "seeds; [95% paired-bootstrap CI]; p: paired t-test on gold-answer "
+                       "confidence; flips: share of items whose predicted answer changed.",
+                       markdown_table(["task", "model", "seeds", "items", "Δacc", "Δconf_true",
+                                       "p", "flips", "claim"], drift),
+                       "### By quartile of the float model's gold-answer confidence",
+                       markdown_table(["task", "model", "quartile", "float conf_true range",
+                                       "items", "float conf_true", "Δconf_true", "p",
+                                       "share of loss", "flips"], quartiles),
+                       "### Findings (computed from the tables above)",
+                       "\n".join(findings(per_task)) or "(no quantized cells yet)"]
+    command = ("python scripts/study_confidence_tables.py "
+               + " ".join(f"--grid {g.relative_to(ROOT)}" for g in grids))
+    prov = provenance(command=command)
+    intro = ("lm-eval 0.4.13's own task definitions on the offline benchmark data "
+             "(`qcal provision --only benchmarks`; sources and licences in "
+             "data/benchmarks/tasks/README.md); w4 g128 asym; three calibration draws of 32 x "
+             "512 random handbook windows for GPTQ (act-order) and AWQ.")
+    write_results(args.out_benchmarks.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
+        ["# Benchmarks: float and 4-bit methods on real lm-eval tasks", provenance_markdown(prov),
+         intro, *bench_parts]))
+    write_results(args.out_confidence.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
+        ["# Confidence calibration and drift under 4-bit quantization", provenance_markdown(prov),
+         intro, *conf_parts]))
+    print(f"wrote {args.out_benchmarks}.md and {args.out_confidence}.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The confidence study's drift numbers on synthetic items with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qcal.grid.confidence_study import quartile_claim, study
+
+pytestmark = pytest.mark.unit
+
+N = 400
+
+
+def _items(p_gold: np.ndarray) -> list[dict]:
+    """Two-choice items, gold = choice 0, with the given gold probabilities."""
+    return [{"lls": [math.log(p), math.log(1 - p)], "gold": 0} for p in p_gold]
+
+
+def _cell(method: str | None, seed: int | None, p_gold: np.ndarray) -> dict:
+    acc = float((p_gold > 0.5).mean())
+    return {"method": method, "selector": None if method in (None, "rtn") else "random",
+            "axes": {} if seed is None else {"seed": seed}, "float_cell": "float",
+            "items": {"boolq": _items(p_gold)},
+            "eval": {"lm_eval": {"results": {"model": {"boolq": {
+                "sample_len": N, "acc,none": acc, "acc_stderr,none": 0.02}}}}}}
+
+
+def _cells(drop_where_unsure: bool) -> dict[str, dict]:
+    base = np.random.default_rng(0).uniform(0.05, 0.95, size=N)
+    cells = {"float": _cell(None, None, base)}
+    order = np.argsort(base)
+    for seed in (0, 1, 2):
+        p = base.copy()
+        hit = order[: N // 4] if drop_where_unsure else order[-N // 4:]
+        p[hit] = np.clip(p[hit] - 0.2 - 0.01 * seed, 0.01, 0.99)
+        cells[f"random__gptq__s{seed}"] = _cell("gptq", seed, p)
+    return cells
+
+
+def test_drop_where_the_float_model_was_unsure_agrees_with_the_claim() -> None:
+    out = study(_cells(drop_where_unsure=True), ["boolq"])["boolq"]
+    assert out["float"]["lm_eval"]["n"] == N and out["gptq"]["seeds"] == 3
+    drift = out["gptq"]["drift"]
+    assert drift["conf_true_test"]["significant"] and drift["conf_true_test"]["delta"] < 0
+    quartiles = drift["drift"]["by_base_conf_quantile"]
+    assert quartiles[0]["delta_conf_true"] < -0.1 and abs(quartiles[3]["delta_conf_true"]) < 1e-9
+    assert drift["quartile_tests"][0]["significant"]
+    assert out["gptq"]["drift"]["claim"] == "agrees"
+    # Seeds differ by 0.01 in their drop: the interval over seeds has a width.
+    assert out["gptq"]["metrics"]["conf_true"]["n"] == 3
+    assert out["gptq"]["metrics"]["conf_true"]["half_width"] > 0
+
+
+def test_drop_where_the_float_model_was_sure_disagrees() -> None:
+    out = study(_cells(drop_where_unsure=False), ["boolq"])["boolq"]
+    assert out["gptq"]["drift"]["claim"] == "disagrees"
+
+
+def test_no_change_is_no_drop() -> None:
+    base = np.random.default_rng(1).uniform(0.05, 0.95, size=N)
+    cells = {"float": _cell(None, None, base), "none__rtn": _cell("rtn", None, base)}
+    drift = study(cells, ["boolq"])["boolq"]["rtn"]["drift"]
+    assert quartile_claim(drift) == "no drop" and not drift["acc_test"]["significant"]
