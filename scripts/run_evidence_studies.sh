@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The studies of issue 15 at a budget that can carry a conclusion, as resumable grids,
+# then their tables (seeds, 95% intervals, paired tests, findings against the papers):
+#   configs/study_multilingual{,_gemma3}.yaml -> results/multilingual.{md,json}
+#   configs/study_zipcal{,_gemma3}.yaml       -> results/zipcal.{md,json}
+#   configs/study_confidence{,_gemma3}.yaml   -> results/confidence.{md,json}, results/benchmarks.{md,json}
+# Each `qcal compare` continues where it stopped (finished cells are never recomputed), so
+# the whole thing can run across sessions: `bash scripts/run_evidence_studies.sh` again.
+# Many hours on a 2-core CPU (AWQ cells and Gemma's 262k-token head dominate).
+# STUDIES="study_multilingual" limits the grids run; extra arguments go to every
+# `qcal compare` (e.g. --jobs 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QCAL=${QCAL:-.venv/bin/qcal}
+PY=${PY:-.venv/bin/python}
+STUDIES=${STUDIES:-"study_multilingual study_zipcal study_confidence study_multilingual_gemma3 study_zipcal_gemma3 study_confidence_gemma3"}
+for grid in $STUDIES; do
+  "$QCAL" compare --config "configs/$grid.yaml" "$@"
+done
+grids() { for g in "results/$1" "results/$1_gemma3"; do if [ -d "$g/cells" ]; then printf -- '--grid %s ' "$g"; fi; done; }
+# shellcheck disable=SC2046
+"$PY" scripts/study_multilingual_tables.py $(grids study_multilingual)
+# shellcheck disable=SC2046
+"$PY" scripts/study_zipcal_tables.py $(grids study_zipcal)
+# shellcheck disable=SC2046
+"$PY" scripts/study_confidence_tables.py $(grids study_confidence)
