@@ -120,8 +120,9 @@ def findings(method: str, vs_en: list[dict[str, Any]], matched: list[dict[str, A
             f"- **{method} vs RTN** (plain rounding, no calibration data): on all languages' "
             f"windows pooled, {len(better)} of {len(vs_rtn)} calibration sets are significantly "
             f"better than RTN ({', '.join(better) or 'none'}) and {len(worse)} significantly "
-            f"worse ({', '.join(worse) or 'none'}): calibrating on one language can cost the "
-            "others more than it gains.")
+            f"worse ({', '.join(worse) or 'none'})"
+            + (": calibrating on one language can cost the others more than it gains."
+               if worse else "."))
     mixes = [t for t in vs_en if t["a"] in MIXES]
     if mixes:
         best = min(mixes, key=lambda t: t["delta"])
