@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from qcal.eval.stats import mean_ci_text, verdict  # noqa: E402
 from qcal.grid import FLOAT_CELL  # noqa: E402
+from qcal.grid.evidence import model_ppl  # noqa: E402
 from qcal.grid.multilingual import (  # noqa: E402
     METHODS,
     MIXES,
@@ -35,7 +36,6 @@ from qcal.grid.multilingual import (  # noqa: E402
     by_setting,
     findings,
     matched_language,
-    ppl_rows,
     versus_baseline,
 )
 from qcal.grid.runner import grid_progress  # noqa: E402
@@ -48,7 +48,7 @@ def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
     data: dict[str, Any] = {}
     for name, key in (("float", FLOAT_CELL), ("rtn", "none__rtn")):
         if key in cells:
-            ppl = {lang: ppl_rows(cells[key])[lang]["ppl"] for lang in langs}
+            ppl = {lang: model_ppl(cells[key])[lang]["ppl"] for lang in langs}
             rows.append([name, "-", "-", *[f"{ppl[lang]:.2f}" for lang in langs],
                          f"{mean(ppl.values()):.2f}"])
             data[name] = ppl
@@ -57,7 +57,7 @@ def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
             recs = groups.get((method, selector))
             if not recs:
                 continue
-            per_seed = [{lang: ppl_rows(r)[lang]["ppl"] for lang in langs} for r in recs]
+            per_seed = [{lang: model_ppl(r)[lang]["ppl"] for lang in langs} for r in recs]
             rows.append([method, selector, len(recs),
                          *[mean_ci_text([p[lang] for p in per_seed]) for lang in langs],
                          mean_ci_text([mean(p.values()) for p in per_seed])])

@@ -21,6 +21,7 @@ import numpy as np
 from qcal.eval.confidence import confidence_metrics
 from qcal.eval.drift import item_drift
 from qcal.eval.stats import mean_ci, paired_mean_test
+from qcal.grid.evidence import seed_sorted
 from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
 
@@ -36,9 +37,7 @@ def by_method(cells: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]
         if method is not None:
             label = method if selector in (None, "random") else f"{method}/{selector}"
             groups[label].append(rec)
-    for recs in groups.values():
-        recs.sort(key=lambda r: (r.get("axes") or {}).get("seed", 0))
-    return dict(groups)
+    return dict(seed_sorted(groups))
 
 
 def lm_eval_scores(rec: dict[str, Any], task: str) -> dict[str, Any]:

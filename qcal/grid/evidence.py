@@ -15,15 +15,25 @@ from qcal.eval.stats import mean_ci, paired_ppl_test, verdict
 from qcal.results import markdown_table
 
 
+def model_ppl(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A cell's perplexity results of the evaluated model, per language ({} if none)."""
+    return ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
+
+
+def seed_sorted(groups: dict[Any, list[dict[str, Any]]]) -> dict[Any, list[dict[str, Any]]]:
+    """`groups` with each list of cells put in calibration-seed order (in place)."""
+    for recs in groups.values():
+        recs.sort(key=lambda r: (r.get("axes") or {}).get("seed", 0))
+    return groups
+
+
 def _windows(rec: dict[str, Any]) -> dict[str, tuple[list[float], list[int]]]:
-    ppl = ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
-    return {lang: (row["window_nll"], row["window_tokens"]) for lang, row in ppl.items()
+    return {lang: (row["window_nll"], row["window_tokens"]) for lang, row in model_ppl(rec).items()
             if row.get("window_nll")}
 
 
 def _ppl(rec: dict[str, Any]) -> dict[str, float]:
-    ppl = ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
-    return {lang: float(row["ppl"]) for lang, row in ppl.items()}
+    return {lang: float(row["ppl"]) for lang, row in model_ppl(rec).items()}
 
 
 def _group_key(rec: dict[str, Any], without: str) -> tuple:

@@ -15,15 +15,12 @@ from statistics import mean
 from typing import Any
 
 from qcal.eval.stats import seeded_ppl_test
+from qcal.grid.evidence import model_ppl, seed_sorted
 
 SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
 MIXES = ["mix:study10", "mix:en-heavy", "mix:study5"]
 METHODS = ["gptq", "awq"]
 PUBLISHED_MIX_GAIN = 3.52  # ppl, multilingual mixes vs English-only on 8B models
-
-
-def ppl_rows(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
 
 
 def by_setting(cells: dict[str, dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -32,20 +29,18 @@ def by_setting(cells: dict[str, dict[str, Any]]) -> dict[tuple[str, str], list[d
     for rec in cells.values():
         if rec.get("method") in METHODS and rec.get("selector"):
             groups[(rec["method"], rec["selector"])].append(rec)
-    for recs in groups.values():
-        recs.sort(key=lambda r: (r.get("axes") or {}).get("seed", 0))
-    return groups
+    return seed_sorted(groups)
 
 
 def has_windows(recs: list[dict[str, Any]], langs: list[str]) -> bool:
     """Whether every cell recorded per-window NLLs for `langs` (older cells did not)."""
-    return all(ppl_rows(r).get(lang, {}).get("window_nll") for r in recs for lang in langs)
+    return all(model_ppl(r).get(lang, {}).get("window_nll") for r in recs for lang in langs)
 
 
 def window_nll(recs: list[dict[str, Any]], langs: list[str]) -> tuple[list[list[float]], list[int]]:
     """[seeds][windows] summed NLLs over the windows of `langs` (concatenated), and tokens."""
-    nll = [[x for lang in langs for x in ppl_rows(r)[lang]["window_nll"]] for r in recs]
-    tokens = [t for lang in langs for t in ppl_rows(recs[0])[lang]["window_tokens"]]
+    nll = [[x for lang in langs for x in model_ppl(r)[lang]["window_nll"]] for r in recs]
+    tokens = [t for lang in langs for t in model_ppl(recs[0])[lang]["window_tokens"]]
     return nll, tokens
 
 
@@ -86,7 +81,7 @@ def matched_language(groups: dict, method: str, langs: list[str]) -> list[dict[s
         # versus_baseline compares other (A) vs own (B): own wins where A is worse.
         wins = [t["a"] for t in tests if t["significant"] and t["delta"] > 0]
         losses = [t["a"] for t in tests if t["significant"] and t["delta"] < 0]
-        means = {s: mean(ppl_rows(r)[lang]["ppl"] for r in groups[(method, s)])
+        means = {s: mean(model_ppl(r)[lang]["ppl"] for r in groups[(method, s)])
                  for s in SINGLE if groups.get((method, s))}
         rank = sorted(means, key=means.get).index(own) + 1
         out.append({"lang": lang, "rank": rank, "of": len(means), "significantly_better_than":

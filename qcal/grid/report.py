@@ -16,6 +16,7 @@ import numpy as np
 
 from qcal.errors import ConfigError
 from qcal.grid import FLOAT_CELL, load_cells
+from qcal.grid.evidence import model_ppl
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
 
@@ -23,9 +24,8 @@ def ppl_table(cells: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, di
     langs: list[str] = []
     table: dict[str, dict[str, float]] = {}
     for key, rec in cells.items():
-        ppl = ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
         row = {}
-        for lang, res in ppl.items():
+        for lang, res in model_ppl(rec).items():
             row[lang] = float(res["ppl"])
             if lang not in langs:
                 langs.append(lang)

@@ -15,7 +15,8 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
-from qcal.grid.multilingual import ppl_rows, seeded_test
+from qcal.grid.evidence import model_ppl, seed_sorted
+from qcal.grid.multilingual import seeded_test
 
 SELECTORS = ["random", "zipf", "perplexity"]
 METHODS = ["gptq", "awq"]
@@ -32,9 +33,7 @@ def by_budget(cells: dict[str, dict[str, Any]]
             nsamples = (rec.get("axes") or {}).get("nsamples") or \
                 (rec.get("calibration") or {}).get("nsamples")
             groups[(rec["method"], int(nsamples), rec["selector"])].append(rec)
-    for recs in groups.values():
-        recs.sort(key=lambda r: (r.get("axes") or {}).get("seed", 0))
-    return groups
+    return seed_sorted(groups)
 
 
 def equivalence(test: dict[str, Any], margin: float = EQUIVALENCE_MARGIN) -> str:
@@ -79,7 +78,7 @@ def selection_cost(groups: dict) -> dict[str, dict[int, float]]:
 
 def mean_ppl(recs: list[dict[str, Any]], langs: list[str]) -> list[float]:
     """Per seed: the mean over `langs` of the cell's perplexity."""
-    return [mean(ppl_rows(r)[lang]["ppl"] for lang in langs) for r in recs]
+    return [mean(model_ppl(r)[lang]["ppl"] for lang in langs) for r in recs]
 
 
 def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]]) -> list[str]:
