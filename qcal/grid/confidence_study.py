@@ -53,18 +53,19 @@ def lm_eval_scores(rec: dict[str, Any], task: str) -> dict[str, Any]:
     return out
 
 
-def seed_metrics(recs: list[dict[str, Any]], task: str) -> dict[str, dict[str, Any]]:
-    """Per metric: mean_ci over the seeds' calibration metrics on `task`."""
-    per_seed = [confidence_metrics(*item_probs(r)[task]) for r in recs if task in item_probs(r)]
+Probs = tuple[np.ndarray, np.ndarray]  # [items, choices] probabilities, [items] gold
+
+
+def seed_metrics(runs: list[Probs | None]) -> dict[str, dict[str, Any]]:
+    """Per metric: mean_ci over the seeds' calibration metrics (runs without the task
+    are left out)."""
+    per_seed = [confidence_metrics(*run) for run in runs if run is not None]
     return {m: mean_ci([s[m] for s in per_seed]) for m in METRICS} if per_seed else {}
 
 
-def drift_from_float(float_rec: dict[str, Any], recs: list[dict[str, Any]], task: str
-                     ) -> dict[str, Any] | None:
-    """Paired drift of a method (its seed-averaged item probabilities) from the float model
-    on the same items; None when the items do not line up."""
-    base = item_probs(float_rec).get(task)
-    runs = [item_probs(r).get(task) for r in recs]
+def drift_from_float(base: Probs | None, runs: list[Probs | None]) -> dict[str, Any] | None:
+    """Paired drift of a method (its seeds' item probabilities, averaged) from the float
+    model on the same items; None when the items do not line up."""
     if base is None or not runs or any(r is None or r[0].shape != base[0].shape for r in runs):
         return None
     probs, gold = np.mean([r[0] for r in runs], axis=0), base[1]
@@ -100,19 +101,23 @@ def quartile_claim(drift: dict[str, Any]) -> str:
 def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
     """Everything the confidence tables show, per task: float, then each method."""
     groups = by_method(cells)
+    # Once per cell for all tasks (keyed by the record itself: a cell need not carry its key).
+    probs = {id(rec): item_probs(rec) for rec in cells.values()}
+    float_rec = cells.get(FLOAT_CELL)
     out: dict[str, Any] = {}
     for task in tasks:
         per_method: dict[str, Any] = {}
-        float_rec = cells.get(FLOAT_CELL)
         if float_rec is not None:
             per_method["float"] = {"lm_eval": lm_eval_scores(float_rec, task),
-                                   "metrics": seed_metrics([float_rec], task)}
+                                   "metrics": seed_metrics([probs[id(float_rec)].get(task)])}
         for method, recs in sorted(groups.items()):
+            runs = [probs[id(rec)].get(task) for rec in recs]
             entry: dict[str, Any] = {
                 "seeds": len(recs), "lm_eval": [lm_eval_scores(r, task) for r in recs],
-                "metrics": seed_metrics(recs, task)}
+                "metrics": seed_metrics(runs)}
             base = cells.get(float_key(recs[0])) or float_rec
-            drift = drift_from_float(base, recs, task) if base is not None else None
+            drift = drift_from_float(probs[id(base)].get(task), runs) if base is not None \
+                else None
             if drift is not None:
                 entry["drift"] = {**drift, "claim": quartile_claim(drift)}
             per_method[method] = entry
