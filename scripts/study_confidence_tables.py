@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from qcal.eval.stats import mean_ci_text  # noqa: E402
 from qcal.grid.confidence_study import METRICS, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
+from qcal.grid.study_tables import grid_heading  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
 CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, mostly where the "
@@ -125,12 +126,8 @@ def main() -> None:
         spec, cells, missing = grid_progress(run)
         per_task = study(cells, list(spec.get("tasks") or []))
         data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
-        head = [f"## {spec.get('model') or 'SmolLM2-135M-Instruct (default model)'} "
-                f"(`{run.relative_to(ROOT)}`)",
-                f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
-                f"{len(cells)} of {len(cells) + len(missing)}"
-                + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "")
-                + f"; items per task: lm-eval --limit {spec.get('limit') or 'none (all)'}."]
+        head = grid_heading(run, ROOT, spec, len(cells), missing,
+                            f"; items per task: lm-eval --limit {spec.get('limit') or 'none (all)'}")
         bench_parts += [*head, markdown_table(
             ["task", "model", "seeds", "items", "acc (lm-eval)", "acc_norm (lm-eval)"],
             benchmark_rows(per_task))]

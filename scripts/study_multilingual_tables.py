@@ -16,7 +16,6 @@ finished is rendered from the cells it has and says which are missing.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from statistics import mean
@@ -39,7 +38,8 @@ from qcal.grid.multilingual import (  # noqa: E402
     versus_baseline,
 )
 from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.grid.study_tables import grid_heading, render_study  # noqa: E402
+from qcal.results import markdown_table  # noqa: E402
 
 
 def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
@@ -77,11 +77,7 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
     langs = list(spec["eval_langs"])
     groups = by_setting(cells)
     rows, table = ppl_table(cells, groups, langs)
-    parts = [f"## {spec.get('model') or 'SmolLM2-135M-Instruct (default model)'} "
-             f"(`{run.relative_to(ROOT)}`)",
-             f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
-             f"{len(cells)} of {len(cells) + len(missing)}"
-             + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "") + ".",
+    parts = [*grid_heading(run, ROOT, spec, len(cells), missing),
              f"Perplexity per language: mean over calibration seeds ± the half-width of its "
              f"95% t-interval; {spec['nsamples']} x {spec['seqlen']} calibration tokens per "
              f"set and seed, the first {spec.get('max_windows')} held-out windows of 512 "
@@ -116,42 +112,23 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grid", type=Path, action="append",
-                   help="a study_multilingual grid's results folder (repeatable)")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "multilingual",
-                   help="output path without suffix (.md and .json are written)")
-    args = p.parse_args()
-    grids = [g.resolve() for g in (args.grid or [ROOT / "results" / "study_multilingual"])]
-    sections, data = [], {}
-    for run in grids:
-        if not (run / "cells").is_dir():
-            raise SystemExit(f"{run} has no cells yet; run its `qcal compare --config` first")
-        md, data[run.name] = grid_section(run)
-        sections.append(md)
-    prov = provenance(command="python scripts/study_multilingual_tables.py "
-                      + " ".join(f"--grid {g.relative_to(ROOT)}" for g in grids)
-                      + f" --out {args.out.resolve().relative_to(ROOT)}")
-    md = "\n\n".join([
+    render_study(
+        ROOT, "scripts/study_multilingual_tables.py", __doc__.splitlines()[0],
+        "study_multilingual", "multilingual", grid_section,
         "# Multilingual calibration: seeds, intervals and paired tests",
-        provenance_markdown(prov),
-        "Five single-language calibration sets (en, de, ru, zh, ar: four scripts) and three "
-        "mixes (`study10`: equal shares of en, de, fr, es, it, pt, ru, ja, zh, ar; `en-heavy`: "
-        "English 1/2, the other nine share 1/2; `study5`: equal shares of the five single "
-        "languages), each drawn with three seeds, quantized with GPTQ (act-order) and AWQ "
-        "(w4 g128 asym); perplexity on held-out handbook chapters (lower is better).",
-        "Tests: Δppl = ppl(A) - ppl(B), each side's perplexity the mean over its seeds; 95% CI "
-        "and two-sided p from 10,000 bootstrap replicates that resample the evaluation windows "
-        "(paired between A and B) and each side's calibration seeds; d_z: effect size of the "
-        "seed-averaged per-window mean-NLL differences. The smallest p 10,000 replicates "
-        "can give is 1e-4.",
-        *sections,
+        ["Five single-language calibration sets (en, de, ru, zh, ar: four scripts) and three "
+         "mixes (`study10`: equal shares of en, de, fr, es, it, pt, ru, ja, zh, ar; `en-heavy`: "
+         "English 1/2, the other nine share 1/2; `study5`: equal shares of the five single "
+         "languages), each drawn with three seeds, quantized with GPTQ (act-order) and AWQ "
+         "(w4 g128 asym); perplexity on held-out handbook chapters (lower is better).",
+         "Tests: Δppl = ppl(A) - ppl(B), each side's perplexity the mean over its seeds; 95% CI "
+         "and two-sided p from 10,000 bootstrap replicates that resample the evaluation windows "
+         "(paired between A and B) and each side's calibration seeds; d_z: effect size of the "
+         "seed-averaged per-window mean-NLL differences. The smallest p 10,000 replicates "
+         "can give is 1e-4."],
         "Caveats: the models are small (135M-270M parameters) and their float weights are "
         "dequantized GGUF/Q4 files, so the size of an effect is not comparable with the "
-        "8B-scale papers, only its direction; three seeds give wide intervals.",
-    ])
-    write_results(args.out.resolve(), {"provenance": prov, "grids": data}, md)
-    print(f"wrote {args.out}.md")
+        "8B-scale papers, only its direction; three seeds give wide intervals.")
 
 
 if __name__ == "__main__":

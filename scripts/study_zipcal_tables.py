@@ -16,7 +16,6 @@ says which are missing.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from qcal.eval.stats import mean_ci_text, verdict  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
+from qcal.grid.study_tables import grid_heading, render_study  # noqa: E402
 from qcal.grid.zipcal import (  # noqa: E402
     EQUIVALENCE_MARGIN,
     SELECTORS,
@@ -35,7 +35,7 @@ from qcal.grid.zipcal import (  # noqa: E402
     pair_tests,
     selection_cost,
 )
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.results import markdown_table  # noqa: E402
 
 
 def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
@@ -54,11 +54,7 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
                   f"{t['ppl_b']:.3f}", f"{100 * t['relative']:+.2f}%",
                   f"[{100 * t['ci_low'] / t['ppl_b']:+.2f}%, {100 * t['ci_high'] / t['ppl_b']:+.2f}%]",
                   f"{t['p']:.3g}", verdict(t), t["equivalence"]] for t in tests]
-    model = spec.get("model") or "SmolLM2-135M-Instruct (default model)"
-    parts = [f"## {model} (`{run.relative_to(ROOT)}`)",
-             f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
-             f"{len(cells)} of {len(cells) + len(missing)}"
-             + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "") + ".",
+    parts = [*grid_heading(run, ROOT, spec, len(cells), missing),
              f"Perplexity on {', '.join(langs)} (held-out windows of 512 tokens"
              + (f", the first {spec['max_windows']}" if spec.get("max_windows") else ", all")
              + "): mean over calibration seeds ± the half-width of its 95% t-interval; "
@@ -80,35 +76,16 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grid", type=Path, action="append",
-                   help="a study_zipcal grid's results folder (repeatable)")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "zipcal",
-                   help="output path without suffix (.md and .json are written)")
-    args = p.parse_args()
-    grids = [g.resolve() for g in (args.grid or [ROOT / "results" / "study_zipcal"])]
-    sections, data = [], {}
-    for run in grids:
-        if not (run / "cells").is_dir():
-            raise SystemExit(f"{run} has no cells yet; run its `qcal compare --config` first")
-        md, data[run.name] = grid_section(run)
-        sections.append(md)
-    prov = provenance(command="python scripts/study_zipcal_tables.py "
-                      + " ".join(f"--grid {g.relative_to(ROOT)}" for g in grids)
-                      + f" --out {args.out.resolve().relative_to(ROOT)}")
-    md = "\n\n".join([
+    render_study(
+        ROOT, "scripts/study_zipcal_tables.py", __doc__.splitlines()[0], "study_zipcal",
+        "zipcal", grid_section,
         "# ZipCal: random vs Zipf-diverse vs perplexity-based calibration selection",
-        provenance_markdown(prov),
-        "Every selector draws from the same English calibration pool of the handbook at each "
-        "budget (nsamples windows of 512 tokens), three seeds each; GPTQ (act-order) and AWQ, "
-        "w4 g128 asym. Tests: 10,000 bootstrap replicates resampling the evaluation windows "
-        "(paired) and each side's seeds; the smallest p they can give is 1e-4.",
-        *sections,
+        ["Every selector draws from the same English calibration pool of the handbook at each "
+         "budget (nsamples windows of 512 tokens), three seeds each; GPTQ (act-order) and AWQ, "
+         "w4 g128 asym. Tests: 10,000 bootstrap replicates resampling the evaluation windows "
+         "(paired) and each side's seeds; the smallest p they can give is 1e-4."],
         "Caveats: small models whose float weights are dequantized GGUF/Q4 files; the "
-        "perplexity selector scores the pool with the float model being quantized.",
-    ])
-    write_results(args.out.resolve(), {"provenance": prov, "grids": data}, md)
-    print(f"wrote {args.out}.md")
+        "perplexity selector scores the pool with the float model being quantized.")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""What the study-table scripts (scripts/study_*_tables.py) share: a section heading that
+says how far a grid has run, and the command line that renders one report from one or
+more grids (one per model) with its provenance."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qcal.results import provenance, provenance_markdown, write_results
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct (default model)"
+
+
+def grid_heading(run: Path, root: Path, spec: dict[str, Any], done: int, missing: list[str],
+                 extra: str = "") -> list[str]:
+    """The model's heading and a line with the grid's command and how many cells are done
+    (PARTIAL and the missing cells, if any); `extra` is appended to that line."""
+    return [f"## {spec.get('model') or DEFAULT_MODEL} (`{run.relative_to(root)}`)",
+            f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
+            f"{done} of {done + len(missing)}"
+            + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "")
+            + extra + "."]
+
+
+def render_study(root: Path, script: str, description: str, grid_name: str, out_name: str,
+                 section: Callable[[Path], tuple[str, dict[str, Any]]], title: str,
+                 intro: list[str], caveat: str) -> None:
+    """Parse `--grid` (repeatable; default results/<grid_name>) and `--out` (default
+    results/<out_name>), render `section(grid)` for every grid between `title` + `intro`
+    and `caveat`, and write <out>.md and <out>.json with the command that made them."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--grid", type=Path, action="append",
+                   help=f"a {grid_name} grid's results folder (repeatable)")
+    p.add_argument("--out", type=Path, default=root / "results" / out_name,
+                   help="output path without suffix (.md and .json are written)")
+    args = p.parse_args()
+    grids = [g.resolve() for g in (args.grid or [root / "results" / grid_name])]
+    sections, data = [], {}
+    for run in grids:
+        if not (run / "cells").is_dir():
+            raise SystemExit(f"{run} has no cells yet; run its `qcal compare --config` first")
+        md, data[run.name] = section(run)
+        sections.append(md)
+    prov = provenance(command=f"python {script} "
+                      + " ".join(f"--grid {g.relative_to(root)}" for g in grids)
+                      + f" --out {args.out.resolve().relative_to(root)}")
+    md = "\n\n".join([title, provenance_markdown(prov), *intro, *sections, caveat])
+    write_results(args.out.resolve(), {"provenance": prov, "grids": data}, md)
+    print(f"wrote {args.out}.md")
