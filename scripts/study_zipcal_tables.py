@@ -30,6 +30,7 @@ from qcal.grid.zipcal import (  # noqa: E402
     EQUIVALENCE_MARGIN,
     SELECTORS,
     by_budget,
+    distinct_sets,
     findings,
     mean_ppl,
     pair_tests,
@@ -47,7 +48,8 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
     for (method, nsamples, selector), recs in sorted(
             groups.items(), key=lambda kv: (kv[0][0], kv[0][1], SELECTORS.index(kv[0][2]))):
         seconds = cost.get(selector, {}).get(nsamples)
-        rows.append([method, nsamples, selector, len(recs), mean_ci_text(mean_ppl(recs, langs)),
+        rows.append([method, nsamples, selector, f"{len(recs)} ({distinct_sets(recs)})",
+                     mean_ci_text(mean_ppl(recs, langs)),
                      "-" if seconds is None else f"{seconds:.3g}"])
     tests = pair_tests(groups, langs)
     test_rows = [[t["method"], t["nsamples"], f"{t['a']} vs {t['b']}", f"{t['ppl_a']:.3f}",
@@ -58,8 +60,10 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
              f"Perplexity on {', '.join(langs)} (held-out windows of 512 tokens"
              + (f", the first {spec['max_windows']}" if spec.get("max_windows") else ", all")
              + "): mean over calibration seeds ± the half-width of its 95% t-interval; "
-             "selection s: mean seconds the selector took for one draw (calibration manifest).",
-             markdown_table(["method", "nsamples", "selector", "seeds", "ppl", "selection s"],
+             "seeds (sets): calibration seeds run and the distinct sets they drew; selection s: "
+             "mean seconds the selector took for one draw (calibration manifest).",
+             markdown_table(["method", "nsamples", "selector", "seeds (sets)", "ppl",
+                             "selection s"],
                             rows)]
     if tests:
         parts += ["### Pairwise tests (same windows; seeds resampled per side)",
@@ -68,7 +72,7 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
                   "when significant outside it, else `inconclusive`.",
                   markdown_table(["method", "nsamples", "A vs B", "ppl A", "ppl B", "relative Δ",
                                   "95% CI", "p", "verdict", "equivalence"], test_rows)]
-    found = findings(tests, cost)
+    found = findings(tests, cost, groups)
     parts += ["### Findings (computed from the tables above)",
               "\n".join(found) or "(no finished GPTQ/AWQ settings yet)"]
     return "\n\n".join(parts), {"spec": spec, "missing": missing, "tests": tests,

@@ -4,13 +4,17 @@ Selector strings: ``random``; ``zipf`` (``zipf:invfreq`` for the variant);
 ``perplexity`` / ``perplexity:high`` / ``perplexity:middle`` (``ppl:`` also works);
 ``ml:de`` (one language; ``ml:en,de`` = equal shares); ``mix:uniform``,
 ``mix:en=0.5,de=0.25,ja=0.25`` or a named mix (see `qcal.calib.multilingual`);
-``multilingual`` with keyword arguments.
+``multilingual`` with keyword arguments. The single-pool selectors also take their
+options after the colon as ``key=value`` items: ``perplexity:low,max_candidates=256``,
+``zipf:pool_size=256`` (`selector_spec` writes such a string from a name and options).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +35,26 @@ def _construct(name: str, kwargs: dict[str, Any]) -> CalibrationSelector:
         if unknown:
             raise ConfigError(f"selector {name!r} takes no option(s) {unknown}; "
                               f"its options: {sorted(fields - {'name'})}")
+    if fields is not None:
+        try:
+            hints = typing.get_type_hints(factory)
+        except (NameError, TypeError):  # an annotation only a type checker can resolve
+            hints = {}
+        for field, value in given.items():
+            _check_option_type(name, field, value, hints.get(field))
     return factory(**given)
+
+
+def _check_option_type(selector: str, field: str, value: Any, hint: Any) -> None:
+    """Refuse a number option given as something else (a typo in a selector string)."""
+    allowed = set(typing.get_args(hint)) or {hint}
+    wants_int, wants_float = int in allowed, float in allowed
+    if not (wants_int or wants_float) or value is None:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, (int, float) if wants_float else int)
+    if not ok:
+        raise ConfigError(f"selector {selector!r} option {field}={value!r} must be "
+                          f"{'a number' if wants_float else 'an integer'}")
 
 
 def parse_selector(spec: str | CalibrationSelector, **options: Any) -> CalibrationSelector:
@@ -50,12 +73,55 @@ def parse_selector(spec: str | CalibrationSelector, **options: Any) -> Calibrati
         if langs is None and options.get("langs"):
             langs = tuple(options["langs"])
         return _construct(name, {**options, "langs": langs, "weights": weights})
-    if arg:
-        key = {"perplexity": "mode", "zipf": "objective"}.get(name)
+    for item in (x.strip() for x in arg.split(",")):
+        if not item:
+            continue
+        if "=" in item:
+            key, _, value = item.partition("=")
+            options = {**options, key.strip(): _option_value(value.strip())}
+            continue
+        key = _POSITIONAL.get(name)
         if key is None:
-            raise ConfigError(f"selector {name!r} takes no ':' argument (got {spec!r})")
-        options = {**options, key: arg}
+            raise ConfigError(f"selector {name!r} takes no ':' argument {item!r} (got {spec!r}); "
+                              "give options as key=value")
+        options = {**options, key: item}
     return _construct(name, options)
+
+
+# The option a bare word after the colon sets (perplexity:high, zipf:invfreq).
+_POSITIONAL = {"perplexity": "mode", "zipf": "objective"}
+
+
+def _option_value(text: str) -> Any:
+    """An option value written in a selector string: int, float, true/false/none, else text."""
+    lowered = text.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def selector_spec(name: str, options: dict[str, Any] | None = None) -> str:
+    """The selector string of `name` with `options` (sorted, so equal options give equal
+    strings and cache keys); `name` alone when there are none."""
+    if not options:
+        return name
+    if name.partition(":")[0] in ("ml", "mix", "multilingual"):
+        raise ConfigError(f"selector {name!r} takes its settings in its own string (ml:de, "
+                          "mix:en=0.5,de=0.5); options apply to random, zipf and perplexity")
+    head, _, arg = name.partition(":")
+    items = [arg] if arg else []
+    items += [f"{k}={'none' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+              for k, v in sorted(options.items())]
+    spec = f"{head}:{','.join(items)}"
+    parse_selector(spec)  # an unknown option or a bad value fails here, before any cell runs
+    return spec
 
 
 def source_languages(spec: str, selector: CalibrationSelector,
@@ -97,8 +163,10 @@ def build_calib(docs: Sequence[Any], tokenizer: Any, n: int, seqlen: int, seed: 
     calib = make_calib_set(pool, selection, sel, n, seed, source=source)
     calib.manifest["source_langs"] = list(source_langs) if source_langs else None
     # Wall time of this build (not part of the digest): the cost side of selector comparisons.
+    # The load average beside them: on a shared machine it says how far to trust them.
     calib.manifest["timing"] = {"windowing_seconds": round(windowed - started, 3),
-                                "selection_seconds": round(selected - windowed, 3)}
+                                "selection_seconds": round(selected - windowed, 3),
+                                "load_average": [round(x, 2) for x in os.getloadavg()]}
     return calib
 
 

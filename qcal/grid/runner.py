@@ -31,7 +31,7 @@ from qcal.cache import StepCache
 from qcal.devices import resolve_device
 from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_text, clean_stale_tree, exclusive_lock
-from qcal.grid.spec import Cell, GridSpec, grid_from_dict, plan_cells
+from qcal.grid.spec import RECIPE_ONLY_FIELDS, Cell, GridSpec, grid_from_dict, plan_cells
 from qcal.results import provenance
 
 
@@ -72,8 +72,8 @@ class GridRunner:
         todo = []
         for cell in self.mine():
             if self.cell_path(cell).is_file() and not self.is_current(cell):
-                print(f"qcal compare: {cell.key} was computed with other method settings or "
-                      "code (its recipe changed); computing it again", file=sys.stderr)
+                print(f"qcal compare: {cell.key} was computed with other method or selector settings "
+                      "or code (its recipe changed); computing it again", file=sys.stderr)
             if not self.is_current(cell):
                 todo.append(cell)
         return todo
@@ -116,12 +116,18 @@ class GridRunner:
             # Grids saved before the field existed allowed ragged groups implicitly.
             raw.setdefault("allow_ragged_groups", True)
             saved = grid_from_dict(raw)
-            if saved != self.spec:
+            if saved == self.spec:
+                return
+            # Options only change cells' recipes, and recipe keys tell which cells are stale
+            # (they rerun); any other change would mix two grids in one directory.
+            if dataclasses.replace(saved, **RECIPE_ONLY_FIELDS) != dataclasses.replace(
+                    self.spec, **RECIPE_ONLY_FIELDS):
                 raise ConfigError(
                     f"{self.results_root} holds a different grid; choose another --name "
                     "or delete that directory"
                 )
-            return
+            print(f"{self.spec.name}: method/selector options changed; cells made with the old "
+                  "ones are recomputed", file=sys.stderr)
         atomic_write_text(spec_file, json.dumps({"spec": current}, indent=2))
 
     def prepare_calibration(self, cell: Cell) -> Any:

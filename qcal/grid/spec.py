@@ -42,6 +42,10 @@ class GridSpec:
     # Further config fields per method, e.g. {"gptq": {"damp_percent": 0.02}}: every field
     # of the method's config can be set, and an unknown one is an error.
     method_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
+    # Options per selector, e.g. {"perplexity": {"max_candidates": 256}}; they join the
+    # calibration recipe (its selector string) but not the cell keys.
+    selector_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict,
+                                                                     hash=False)
     source: str = "debian-handbook"
     nsamples: int | tuple[int, ...] = 128
     seqlen: int = 512
@@ -68,6 +72,11 @@ class GridSpec:
                                   f"{list(self.methods)}")
         for m in self.methods:
             self.method_config(m)  # unknown option names fail here, before any cell runs
+        for sel in self.selector_options:
+            if sel not in self.selectors:
+                raise ConfigError(f"selector_options names {sel!r}, which is not in selectors "
+                                  f"{list(self.selectors)}")
+            self.calib_config(sel)  # unknown option names and bad values fail here
         if self.confidence and not self.tasks:
             raise ConfigError("confidence metrics need multiple-choice --tasks")
         for axis in AXES:
@@ -124,7 +133,10 @@ class GridSpec:
 
     def calib_config(self, selector: str, cell: Cell | None = None) -> CalibConfig:
         cell = cell or Cell(selector, None)
-        return CalibConfig(selector=selector, source=self.source,
+        from qcal.calib.build import selector_spec
+
+        return CalibConfig(selector=selector_spec(selector, self.selector_options.get(selector)),
+                           source=self.source,
                            nsamples=self.setting(cell, "nsamples"), seqlen=self.seqlen,
                            seed=self.setting(cell, "seed"))
 
@@ -153,6 +165,9 @@ def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> Gri
     return grid_from_dict(raw)
 
 
+# Fields that change only the cells' recipes (their keys tell stale cells), not the grid.
+RECIPE_ONLY_FIELDS = {"method_options": {}, "selector_options": {}}
+
 # Renamed fields: old grid files (and grid.json of finished grids) still load.
 RENAMED_FIELDS = {"calibration": "confidence", "models": "model", "seeds": "seed"}
 
@@ -167,10 +182,12 @@ def grid_from_dict(raw: dict[str, Any]) -> GridSpec:
     for key, value in raw.items():
         if key in {"selectors", "methods", "eval_langs", "tasks"} and isinstance(value, str):
             value = [v for v in value.split(",") if v]
-        if key == "method_options":
+        if key in ("method_options", "selector_options"):
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-                raise ConfigError("method_options must map a method to its fields, e.g. "
-                                  "{gptq: {damp_percent: 0.02}}")
+                example = ("{gptq: {damp_percent: 0.02}}" if key == "method_options"
+                           else "{perplexity: {max_candidates: 256}}")
+                raise ConfigError(f"{key} must map a {key.split('_')[0]} to its options, e.g. "
+                                  f"{example}")
             clean[key] = {m: dict(v) for m, v in value.items()}
             continue
         clean[key] = tuple(value) if isinstance(value, list) else value

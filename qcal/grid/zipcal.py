@@ -76,12 +76,21 @@ def selection_cost(groups: dict) -> dict[str, dict[int, float]]:
     return {sel: {n: mean(v) for n, v in sorted(by_n.items())} for sel, by_n in seconds.items()}
 
 
+def distinct_sets(recs: list[dict[str, Any]]) -> int:
+    """How many different calibration sets the seeds of one group drew (by manifest digest).
+    A selector that ignores its seed on this pool draws one set however many seeds run."""
+    return len({(r.get("calibration") or {}).get("digest") or r.get("cell") for r in recs})
+
+
 def mean_ppl(recs: list[dict[str, Any]], langs: list[str]) -> list[float]:
     """Per seed: the mean over `langs` of the cell's perplexity."""
     return [mean(model_ppl(r)[lang]["ppl"] for lang in langs) for r in recs]
 
 
-def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]]) -> list[str]:
+def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
+             same: dict[tuple[str, int, str], list[dict[str, Any]]] | None = None) -> list[str]:
+    """The study's findings as Markdown bullets; `same` (the `by_budget` groups) adds a note
+    on groups whose seeds all drew one set."""
     out = []
     zp = [t for t in tests if (t["a"], t["b"]) == ("zipf", "perplexity")]
     if zp:
@@ -104,10 +113,20 @@ def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]]) -> 
         out.append(f"- **zipf vs random selection**: zipf significantly better in {len(better)} of "
                    f"{len(zr)} settings ({', '.join(better) or 'none'}), significantly worse in "
                    f"{len(worse)} ({', '.join(worse) or 'none'}).")
+    if same is not None:
+        collapsed = [f"{sel} ({method} n={n})" for (method, n, sel), recs in sorted(same.items())
+                     if len(recs) > 1 and distinct_sets(recs) == 1]
+        if collapsed:
+            out.append("- **seeds**: every seed drew the same calibration set for "
+                       + ", ".join(collapsed) + "; their intervals reflect the evaluation "
+                       "windows alone.")
     if "zipf" in cost and "perplexity" in cost:
         ratios = [f"n={n}: {cost['perplexity'][n] / cost['zipf'][n]:.0f}x"
                   for n in cost["zipf"] if n in cost["perplexity"] and cost["zipf"][n] > 0]
         if ratios:
+            loads = [t["load_average"][0] for recs in (same or {}).values() for r in recs
+                     if (t := (r.get("calibration") or {}).get("timing") or {}).get("load_average")]
+            load = f", 1-min load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
             out.append("- **cost**: perplexity-based selection took longer than zipf by "
-                       + ", ".join(ratios) + " (selection seconds in the calibration manifests).")
+                       + ", ".join(ratios) + f" (selection seconds in the calibration manifests{load}).")
     return out

@@ -115,6 +115,31 @@ def test_changed_grid_in_same_dir_is_refused(tiny_model_dir: Path, texts, tmp_pa
                    tmp_path / "w", progress=False).run()
 
 
+def test_selector_options_change_recipes_not_cell_keys(tiny_model_dir: Path, texts,
+                                                      tmp_path: Path) -> None:
+    base = dict(methods=("gptq",), nsamples=2)
+    first = GridRunner(spec_for(tiny_model_dir, texts, **base), tmp_path / "r", tmp_path / "w",
+                       progress=False)
+    first.run()
+    random_file = first.cells_dir / "random__gptq.json"
+    random_before = random_file.read_text()
+    spec = spec_for(tiny_model_dir, texts, selector_options={"zipf": {"pool_size": 1}}, **base)
+    assert [c.key for c in plan_cells(spec)] == [c.key for c in plan_cells(first.spec)]
+    assert spec.calib_config("zipf").selector == "zipf:pool_size=1"
+    assert spec.calib_config("random").selector == "random"
+    again = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False)
+    assert [c.key for c in again.pending()] == ["zipf__gptq"]
+    again.run()  # the same directory takes the new options and reruns only their cells
+    cells = compare.load_cells(first.results_root)
+    assert cells["zipf__gptq"]["calibration"]["params"]["pool_size"] == 1
+    assert cells["zipf__gptq"]["recipe_key"] == again.recipe_key(plan_cells(spec)[-1])
+    assert random_file.read_text() == random_before
+    with pytest.raises(ConfigError, match="not in selectors"):
+        spec_for(tiny_model_dir, texts, selector_options={"perplexity": {"max_candidates": 4}})
+    with pytest.raises(ConfigError, match="must be an integer"):
+        spec_for(tiny_model_dir, texts, selector_options={"zipf": {"pool_size": "all"}})
+
+
 def test_cli_compare_with_config_file(tiny_model_dir: Path, texts, tmp_path: Path,
                                       monkeypatch) -> None:
     monkeypatch.setenv("QCAL_RUNS_DIR", str(tmp_path / "runs"))

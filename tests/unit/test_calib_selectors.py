@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from qcal.calib import NotEnoughDataError, build_calib, build_windows, parse_selector
+from qcal.calib.build import selector_spec
 from qcal.calib.multilingual import STUDY_SETTINGS, MultilingualSelector, quota_counts
 from qcal.calib.perplexity import PerplexitySelector, rank_by_score, sequence_perplexity
 from qcal.calib.windows import WindowPool
@@ -161,6 +162,28 @@ def test_selector_strings() -> None:
         parse_selector("mix:en0.5")
     with pytest.raises(ConfigError, match="takes no option"):
         parse_selector("random", mode="low")
+
+
+def test_selector_strings_carry_options_and_round_trip() -> None:
+    sel = parse_selector("perplexity:high,max_candidates=256,score_tokens=128")
+    assert (sel.mode, sel.max_candidates, sel.score_tokens) == ("high", 256, 128)
+    assert parse_selector("zipf:pool_size=64").pool_size == 64
+    assert parse_selector("perplexity:score_tokens=none").score_tokens is None
+    assert selector_spec("random") == "random" and selector_spec("zipf", {}) == "zipf"
+    text = selector_spec("perplexity", {"score_tokens": 128, "max_candidates": 256})
+    assert text == "perplexity:max_candidates=256,score_tokens=128"  # sorted: one cache key
+    assert parse_selector(text) == PerplexitySelector(max_candidates=256, score_tokens=128)
+    assert selector_spec("zipf:invfreq", {"pool_size": 8}) == "zipf:invfreq,pool_size=8"
+    with pytest.raises(ConfigError, match="must be an integer"):
+        parse_selector("zipf:pool_size=many")
+    with pytest.raises(ConfigError, match="must be an integer"):
+        selector_spec("perplexity", {"max_candidates": 2.5})
+    with pytest.raises(ConfigError, match=r"takes no option\(s\) \['depth'\]"):
+        selector_spec("zipf", {"depth": 3})
+    with pytest.raises(ConfigError, match="takes no ':' argument"):
+        parse_selector("random:fast")
+    with pytest.raises(ConfigError, match="in its own string"):
+        selector_spec("mix:study5", {"pool_size": 3})
 
 
 # ---- perplexity -----------------------------------------------------------------------------

@@ -7,7 +7,14 @@ import zlib
 import numpy as np
 import pytest
 
-from qcal.grid.zipcal import by_budget, equivalence, findings, pair_tests, selection_cost
+from qcal.grid.zipcal import (
+    by_budget,
+    distinct_sets,
+    equivalence,
+    findings,
+    pair_tests,
+    selection_cost,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -55,6 +62,9 @@ def test_zipf_equal_to_perplexity_matches_and_beats_random() -> None:
     assert cost["perplexity"] == {16: 50.0, 64: 50.0} and cost["zipf"][16] == 0.5
     text = "\n".join(findings(tests, cost))
     assert "in 2 of 2 settings; this agrees" in text and "n=16: 100x" in text
+    groups[("gptq", 16, "zipf")][0]["calibration"]["timing"]["load_average"] = [1.5, 1.0, 1.0]
+    groups[("gptq", 64, "perplexity")][1]["calibration"]["timing"]["load_average"] = [2.25, 2, 2]
+    assert "load average 1.5-2.2)" in "\n".join(findings(tests, cost, groups))
 
 
 def test_zipf_clearly_worse_trails_and_disagrees() -> None:
@@ -62,3 +72,16 @@ def test_zipf_clearly_worse_trails_and_disagrees() -> None:
     zp = [t for t in tests if (t["a"], t["b"]) == ("zipf", "perplexity")]
     assert [t["equivalence"] for t in zp] == ["trails", "trails"]
     assert "this disagrees" in findings(tests, {})[0]
+
+
+def test_seeds_that_drew_one_set_are_named() -> None:
+    cells = _cells(zipf_level=3.0)
+    for key, rec in cells.items():  # random draws a new set per seed; zipf the same one
+        rec["calibration"]["digest"] = key.split("__")[2] if key.startswith("zipf") else key
+    groups = by_budget(cells)
+    assert distinct_sets(groups[("gptq", 16, "random")]) == 3
+    assert distinct_sets(groups[("gptq", 16, "zipf")]) == 1
+    note = [line for line in findings(pair_tests(groups, ["en"]), {}, groups)
+            if line.startswith("- **seeds**")]
+    assert note == ["- **seeds**: every seed drew the same calibration set for zipf (gptq n=16), "
+                    "zipf (gptq n=64); their intervals reflect the evaluation windows alone."]
