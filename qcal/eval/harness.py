@@ -195,12 +195,19 @@ def vllm_lm(model_dir: Path | str, batch_size: int) -> Any:
 def run_tasks(
     model: nn.Module | Any, tokenizer: Any, tasks: Sequence[str], tm: Any, batch_size: int = 16,
     limit: int | None = None, num_fewshot: int | None = None, desc: str = "",
+    share_contexts: bool = True,
 ) -> HarnessRun:
     """lm_eval.simple_evaluate on `model` (in memory, or an lm-eval LM such as `vllm_lm`);
-    items kept per task."""
+    items kept per task. An in-memory model is scored by lm-eval's HFLM, with the choices of
+    an item sharing one context pass unless `share_contexts` is off
+    (`qcal.eval.shared_context`: the same requests and metrics, a fraction of the work)."""
     offline_env()
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
+
+    if share_contexts:
+        from qcal.eval.shared_context import SharedContextHFLM as HFLM
+    else:
+        from lm_eval.models.huggingface import HFLM
 
     if desc:
         print(f"lm-eval [{desc}]: {', '.join(tasks)}", flush=True)

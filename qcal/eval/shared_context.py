@@ -1,0 +1,111 @@
+"""lm-eval's HF model, scoring the choices of a multiple-choice item on one shared context.
+
+lm-eval's `HFLM` runs context + continuation through the model once per request (once per
+context only when every continuation is a single token) and takes the log-softmax over the
+whole vocabulary at every position of the batch. A multiple-choice item asks for k
+continuations of one context, so most of that work repeats the context, and on a model
+with a large vocabulary (Gemma-3's 262k tokens) most of the rest goes into logits nobody
+reads. `SharedContextHFLM` changes only how those requests are computed:
+
+- requests are grouped by their context tokens; a context with two or more continuations
+  runs once, keeping its KV cache and the logits of its last position only;
+- the cache is repeated once per continuation and the continuations (but their last
+  token) run on it as one right-padded batch: each real token attends to the context and
+  to the tokens before it in its own continuation, exactly as in lm-eval's single pass;
+- log-likelihood and greedy match per request as lm-eval defines them (sum of the
+  continuation tokens' log-probabilities; every token the argmax).
+
+Everything else, including requests whose context no other request shares, requests lm-eval
+would truncate from the left and rolling log-likelihoods, goes through `HFLM` unchanged.
+The tasks, requests, metrics and the answers' order are lm-eval's: the numbers equal
+lm-eval's up to floating-point rounding of the different batch shapes
+(tests/integration/test_shared_context.py compares them request by request).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.models.huggingface import HFLM
+from tqdm.auto import tqdm
+
+Request = tuple[tuple[str, str], list[int], list[int]]
+
+
+class SharedContextHFLM(HFLM):
+    """`HFLM` whose log-likelihood requests share each context's forward pass."""
+
+    def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
+                              override_bs: int | None = None) -> list[tuple[float, bool]]:
+        if self.backend != "causal":
+            return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
+        by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for index, (_, context, continuation) in enumerate(requests):
+            if context and continuation and len(context) + len(continuation) <= self.max_length + 1:
+                by_context[tuple(context)].append(index)
+        shared = {ctx: idx for ctx, idx in by_context.items() if len(idx) > 1}
+        in_shared = {i for idx in shared.values() for i in idx}
+        answers: list[tuple[float, bool] | None] = [None] * len(requests)
+        rest = [i for i in range(len(requests)) if i not in in_shared]
+        if rest:
+            for i, answer in zip(rest, super()._loglikelihood_tokens(
+                    [requests[i] for i in rest], disable_tqdm, override_bs), strict=True):
+                answers[i] = answer
+        bar = tqdm(total=len(in_shared), disable=disable_tqdm or self.rank != 0,
+                   desc="Scoring shared-context requests")
+        # Longest first, as lm-eval orders its batches: memory peaks at once, estimates overshoot.
+        for context in sorted(shared, key=len, reverse=True):
+            indices = shared[context]
+            scored = self._score_continuations(list(context), [requests[i][2] for i in indices])
+            for i, answer in zip(indices, scored, strict=True):
+                answers[i] = answer
+                if requests[i][0] is not None:
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+            bar.update(len(indices))
+        bar.close()
+        return [a for a in answers if a is not None]
+
+    def _forward(self, **kwargs: Any) -> Any:
+        autocast = (torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype)
+                    if self.mixed_precision_dtype is not None else contextlib.nullcontext())
+        with torch.no_grad(), autocast:
+            return self.model(**kwargs)
+
+    def _score_continuations(self, context: list[int], continuations: list[list[int]]
+                             ) -> list[tuple[float, bool]]:
+        ids = torch.tensor([context], dtype=torch.long, device=self.device)
+        try:
+            head = self._forward(input_ids=ids, use_cache=True, logits_to_keep=1)
+        except TypeError:  # a model class without logits_to_keep: all positions, last one used
+            head = self._forward(input_ids=ids, use_cache=True)
+        # Log-probabilities of each continuation's first token, from the context's last position.
+        first = F.log_softmax(head.logits[0, -1], dim=-1, dtype=self.softmax_dtype)
+        longest = max(len(c) for c in continuations)
+        rest = None
+        if longest > 1:
+            cache = head.past_key_values
+            cache.batch_repeat_interleave(len(continuations))
+            # Every continuation but its last token, right-padded: padding sits after the real
+            # tokens, so under the causal mask no real token sees it (as in lm-eval's batches).
+            tails = torch.zeros((len(continuations), longest - 1), dtype=torch.long,
+                                device=self.device)
+            for row, cont in enumerate(continuations):
+                tails[row, :len(cont) - 1] = torch.tensor(cont[:-1], dtype=torch.long)
+            out = self._forward(input_ids=tails, past_key_values=cache, use_cache=True)
+            rest = F.log_softmax(out.logits, dim=-1, dtype=self.softmax_dtype)
+        answers = []
+        for row, cont in enumerate(continuations):
+            logprob = float(first[cont[0]])
+            greedy = int(first.argmax()) == cont[0]
+            if len(cont) > 1:
+                assert rest is not None
+                steps = rest[row, :len(cont) - 1]
+                target = torch.tensor(cont[1:], dtype=torch.long, device=steps.device)
+                logprob += float(steps.gather(1, target[:, None]).sum())
+                greedy = greedy and bool((steps.argmax(dim=-1) == target).all())
+            answers.append((logprob, greedy))
+        return answers

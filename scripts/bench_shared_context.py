@@ -1,0 +1,109 @@
+"""lm-eval task scoring: lm-eval's HFLM vs qcal's shared-context scorer; writes
+results/shared_context.{json,md}.
+
+For each model, the study's confidence tasks (arc_easy, boolq, piqa, hellaswag,
+multiemo_en, multiemo_pl) on their first --limit items are run twice in one process, in
+alternating order per model: once through lm-eval's own `HFLM`, once through
+`qcal.eval.shared_context.SharedContextHFLM` (the choices of an item share one context
+pass). Reported: wall seconds of each and their ratio, the load average around each run,
+and how far the two agree (largest per-choice log-likelihood difference, items whose
+predicted answer differs, lm-eval's acc of both).
+
+    python scripts/bench_shared_context.py [--models smollm2-135m-instruct,gemma-3-270m]
+                                           [--limit 40] [--out results/shared_context]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+
+TASKS = ["arc_easy", "boolq", "piqa", "hellaswag", "multiemo_en", "multiemo_pl"]
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def bench_model(name: str, limit: int, first_shared: bool) -> dict[str, Any]:
+    from qcal.eval.harness import run_tasks, task_manager
+    from qcal.model.loading import load_model
+
+    model, tok, _ = load_model(name)
+    tm = task_manager(names=TASKS)
+    runs: dict[str, Any] = {}
+    for shared in ([True, False] if first_shared else [False, True]):
+        before = _load()
+        start = time.perf_counter()
+        run = run_tasks(model, tok, TASKS, tm, batch_size=16, limit=limit, share_contexts=shared)
+        runs["shared" if shared else "lm_eval"] = {
+            "seconds": round(time.perf_counter() - start, 1), "load_before": before,
+            "load_after": _load(), "run": run}
+    plain, shared_run = runs["lm_eval"]["run"], runs["shared"]["run"]
+    per_task = {}
+    for task in TASKS:
+        a, b = plain.items[task], shared_run.items[task]
+        diff = max(abs(x - y) for ra, rb in zip(a, b, strict=True)
+                   for x, y in zip(ra.lls, rb.lls, strict=True))
+        flips = sum(max(range(len(ra.lls)), key=ra.lls.__getitem__)
+                    != max(range(len(rb.lls)), key=rb.lls.__getitem__)
+                    for ra, rb in zip(a, b, strict=True))
+        per_task[task] = {"items": len(a), "max_abs_ll_diff": diff, "argmax_flips": flips,
+                          "acc_lm_eval": plain.metrics[task].get("acc,none"),
+                          "acc_shared": shared_run.metrics[task].get("acc,none")}
+    return {"model": name, "limit": limit,
+            "order": "shared first" if first_shared else "lm-eval first",
+            **{k: {kk: vv for kk, vv in v.items() if kk != "run"} for k, v in runs.items()},
+            "speedup": round(runs["lm_eval"]["seconds"] / runs["shared"]["seconds"], 2),
+            "tasks": per_task}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
+    ap.add_argument("--limit", type=int, default=40)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "shared_context")
+    args = ap.parse_args()
+    command = "python scripts/bench_shared_context.py " + " ".join(sys.argv[1:])
+    rows, results = [], []
+    for i, name in enumerate(m for m in args.models.split(",") if m):
+        res = bench_model(name, args.limit, first_shared=i % 2 == 1)
+        results.append(res)
+        rows.append([name, res["order"], res["lm_eval"]["seconds"], res["shared"]["seconds"],
+                     f"{res['speedup']:.2f}x", f"{res['lm_eval']['load_before'][0]}-"
+                     f"{res['shared']['load_after'][0]}",
+                     f"{max(t['max_abs_ll_diff'] for t in res['tasks'].values()):.2e}",
+                     sum(t["argmax_flips"] for t in res["tasks"].values())])
+    task_rows = [[r["model"], t, v["items"], f"{v['max_abs_ll_diff']:.2e}", v["argmax_flips"],
+                  v["acc_lm_eval"], v["acc_shared"]]
+                 for r in results for t, v in r["tasks"].items()]
+    prov = provenance(command)
+    md = "\n\n".join([
+        "# lm-eval task scoring: lm-eval's HFLM vs qcal's shared-context scorer",
+        provenance_markdown(prov),
+        f"Tasks {', '.join(TASKS)}, first {args.limit} items each, float models, CPU, one "
+        "process; the two scorers run back to back on the same loaded model (order "
+        "alternates per model). Speed-up = lm-eval seconds / shared-context seconds, measured "
+        "in this one run on a shared machine (load average: first 1-min value before, last "
+        "after).",
+        markdown_table(["model", "order", "lm-eval s", "shared s", "speed-up", "load",
+                        "max |Δ ll|", "argmax flips"], rows),
+        "Agreement per task (per-choice log-likelihoods; acc as lm-eval computes it):",
+        markdown_table(["model", "task", "items", "max |Δ ll|", "argmax flips", "acc lm-eval",
+                        "acc shared"], task_rows, floatfmt=".4f"),
+    ])
+    write_results(args.out, {"provenance": prov, "results": results}, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Shared-context scoring gives lm-eval's own log-likelihoods, request by request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+
+def _lms(model_dir: Path) -> tuple:
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from qcal.eval.shared_context import SharedContextHFLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return (HFLM(pretrained=model, tokenizer=tok, batch_size=4, device="cpu"),
+            SharedContextHFLM(pretrained=model, tokenizer=tok, batch_size=4, device="cpu"))
+
+
+def _requests(vocab: int, max_length: int) -> list:
+    gen = torch.Generator().manual_seed(0)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+    out = []
+    for ctx_len, conts in [(5, [1, 1, 3]), (20, [4, 2, 7, 1]), (3, [1, 1]), (11, [6])]:
+        context = toks(ctx_len)
+        out += [(("c", f"k{len(out)}"), context, toks(n)) for n in conts]
+    # Longer than the model takes: lm-eval truncates from the left; shared with another.
+    long_ctx = toks(max_length)
+    out += [(("c", "long"), long_ctx, toks(2)), (("c", "long2"), long_ctx, toks(1))]
+    # A continuation that is the model's own greedy pick, so is_greedy is True somewhere.
+    return out
+
+
+def _greedy_request(lm, context: list[int], steps: int) -> tuple:
+    ids = list(context)
+    for _ in range(steps):
+        with torch.no_grad():
+            ids.append(int(lm.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return (("c", "greedy"), context, ids[len(context):])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_shared_context_equals_lm_eval_per_request(arch: str, tiny_model_dir: Path,
+                                                   tmp_path: Path) -> None:
+    from qcal.model.tiny import build_tiny_gemma3
+
+    # Gemma's sliding window (8 tokens) is shorter than the contexts: the cached pass must
+    # mask the far context for the sliding layer exactly as the single pass does.
+    model_dir = tiny_model_dir if arch == "llama" else build_tiny_gemma3(tmp_path / "g")
+    reference, shared = _lms(model_dir)
+    requests = _requests(reference.model.config.vocab_size, reference.max_length)
+    context = requests[3][1]
+    requests += [_greedy_request(reference, context, 3), (("c", "other"), context, [5, 6])]
+    want = reference._loglikelihood_tokens(requests, disable_tqdm=True)
+    got = shared._loglikelihood_tokens(requests, disable_tqdm=True)
+    assert len(got) == len(want) == len(requests)
+    for (ll_got, greedy_got), (ll_want, greedy_want) in zip(got, want, strict=True):
+        assert ll_got == pytest.approx(ll_want, abs=2e-4)
+        assert greedy_got == greedy_want
+    assert any(g for _, g in want)  # the greedy request checks the True branch
+
+
+def test_tasks_give_lm_eval_items_and_metrics(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from qcal.eval.harness import run_tasks, task_manager
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = ["qcal_nextsent_en"]
+    runs = [run_tasks(model, tok, tasks, task_manager(names=tasks), batch_size=4, limit=12,
+                      share_contexts=flag) for flag in (False, True)]
+    plain, shared = runs
+    assert [r.doc_id for r in shared.items[tasks[0]]] == [r.doc_id for r in plain.items[tasks[0]]]
+    for a, b in zip(plain.items[tasks[0]], shared.items[tasks[0]], strict=True):
+        assert a.gold == b.gold and a.lengths == b.lengths
+        assert b.lls == pytest.approx(a.lls, abs=2e-4)
+    assert shared.metrics[tasks[0]]["acc,none"] == plain.metrics[tasks[0]]["acc,none"]
