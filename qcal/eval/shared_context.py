@@ -8,10 +8,12 @@ with a large vocabulary (Gemma-3's 262k tokens) most of the rest goes into logit
 reads. `SharedContextHFLM` changes only how those requests are computed:
 
 - requests are grouped by their context tokens; a context with two or more continuations
-  runs once, keeping its KV cache and the logits of its last position only;
-- the cache is repeated once per continuation and the continuations (but their last
-  token) run on it as one right-padded batch: each real token attends to the context and
-  to the tokens before it in its own continuation, exactly as in lm-eval's single pass;
+  runs once, keeping its KV cache and the logits of its last position only; contexts of
+  equal length run together as one unpadded batch;
+- each cache row is copied once per continuation of its context and the continuations
+  (but their last token) run on it as one right-padded batch: each real token attends to
+  its context and to the tokens before it in its own continuation, exactly as in
+  lm-eval's single pass;
 - log-likelihood and greedy match per request as lm-eval defines them (sum of the
   continuation tokens' log-probabilities; every token the argmax).
 
@@ -57,15 +59,23 @@ class SharedContextHFLM(HFLM):
                 answers[i] = answer
         bar = tqdm(total=len(in_shared), disable=disable_tqdm or self.rank != 0,
                    desc="Scoring shared-context requests")
-        # Longest first, as lm-eval orders its batches: memory peaks at once, estimates overshoot.
-        for context in sorted(shared, key=len, reverse=True):
-            indices = shared[context]
-            scored = self._score_continuations(list(context), [requests[i][2] for i in indices])
-            for i, answer in zip(indices, scored, strict=True):
-                answers[i] = answer
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
-            bar.update(len(indices))
+        # Contexts of one length batch without padding (so nothing changes what a token
+        # sees); longest first, as lm-eval orders its batches.
+        by_length: dict[int, list[tuple[int, ...]]] = defaultdict(list)
+        for context in shared:
+            by_length[len(context)].append(context)
+        size = self.batch_size if isinstance(self.batch_size, int) and self.batch_size > 0 else 16
+        for length in sorted(by_length, reverse=True):
+            contexts = by_length[length]
+            for start in range(0, len(contexts), size):
+                chunk = contexts[start:start + size]
+                groups = [[requests[i][2] for i in shared[c]] for c in chunk]
+                for context, scored in zip(chunk, self._score_groups(chunk, groups), strict=True):
+                    for i, answer in zip(shared[context], scored, strict=True):
+                        answers[i] = answer
+                        if requests[i][0] is not None:
+                            self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+                    bar.update(len(shared[context]))
         bar.close()
         return [a for a in answers if a is not None]
 
@@ -75,37 +85,40 @@ class SharedContextHFLM(HFLM):
         with torch.no_grad(), autocast:
             return self.model(**kwargs)
 
-    def _score_continuations(self, context: list[int], continuations: list[list[int]]
-                             ) -> list[tuple[float, bool]]:
-        ids = torch.tensor([context], dtype=torch.long, device=self.device)
+    def _score_groups(self, contexts: list[tuple[int, ...]], groups: list[list[list[int]]]
+                      ) -> list[list[tuple[float, bool]]]:
+        """(log-likelihood, greedy) of every continuation in `groups[g]` after `contexts[g]`
+        (all contexts of one length)."""
+        ids = torch.tensor(contexts, dtype=torch.long, device=self.device)
         try:
             head = self._forward(input_ids=ids, use_cache=True, logits_to_keep=1)
         except TypeError:  # a model class without logits_to_keep: all positions, last one used
             head = self._forward(input_ids=ids, use_cache=True)
-        # Log-probabilities of each continuation's first token, from the context's last position.
-        first = F.log_softmax(head.logits[0, -1], dim=-1, dtype=self.softmax_dtype)
-        longest = max(len(c) for c in continuations)
+        # Log-probabilities of each continuation's first token, from its context's last position.
+        first = F.log_softmax(head.logits[:, -1], dim=-1, dtype=self.softmax_dtype)
+        rows = [(g, cont) for g, conts in enumerate(groups) for cont in conts]
+        longest = max(len(cont) for _, cont in rows)
         rest = None
         if longest > 1:
-            cache = head.past_key_values
-            cache.batch_repeat_interleave(len(continuations))
+            cache = head.cache  # transformers 5 names the KV cache `cache`
+            # One cache row per continuation, copied from its context's row.
+            cache.batch_select_indices(torch.tensor([g for g, _ in rows], device=self.device))
             # Every continuation but its last token, right-padded: padding sits after the real
             # tokens, so under the causal mask no real token sees it (as in lm-eval's batches).
-            tails = torch.zeros((len(continuations), longest - 1), dtype=torch.long,
-                                device=self.device)
-            for row, cont in enumerate(continuations):
-                tails[row, :len(cont) - 1] = torch.tensor(cont[:-1], dtype=torch.long)
-            out = self._forward(input_ids=tails, past_key_values=cache, use_cache=True)
+            tails = torch.zeros((len(rows), longest - 1), dtype=torch.long, device=self.device)
+            for r, (_, cont) in enumerate(rows):
+                tails[r, :len(cont) - 1] = torch.tensor(cont[:-1], dtype=torch.long)
+            out = self._forward(input_ids=tails, cache=cache, use_cache=True)
             rest = F.log_softmax(out.logits, dim=-1, dtype=self.softmax_dtype)
-        answers = []
-        for row, cont in enumerate(continuations):
-            logprob = float(first[cont[0]])
-            greedy = int(first.argmax()) == cont[0]
+        answers: list[list[tuple[float, bool]]] = [[] for _ in groups]
+        for r, (g, cont) in enumerate(rows):
+            logprob = float(first[g, cont[0]])
+            greedy = int(first[g].argmax()) == cont[0]
             if len(cont) > 1:
                 assert rest is not None
-                steps = rest[row, :len(cont) - 1]
+                steps = rest[r, :len(cont) - 1]
                 target = torch.tensor(cont[1:], dtype=torch.long, device=steps.device)
                 logprob += float(steps.gather(1, target[:, None]).sum())
                 greedy = greedy and bool((steps.argmax(dim=-1) == target).all())
-            answers.append((logprob, greedy))
+            answers[g].append((logprob, greedy))
         return answers

@@ -29,7 +29,9 @@ def _requests(vocab: int, max_length: int) -> list:
         return torch.randint(3, vocab, (n,), generator=gen).tolist()
 
     out = []
-    for ctx_len, conts in [(5, [1, 1, 3]), (20, [4, 2, 7, 1]), (3, [1, 1]), (11, [6])]:
+    # Two 20-token contexts with different numbers of choices share one batch.
+    for ctx_len, conts in [(5, [1, 1, 3]), (20, [4, 2, 7, 1]), (3, [1, 1]), (11, [6]),
+                           (20, [2, 5]), (5, [1, 1])]:
         context = toks(ctx_len)
         out += [(("c", f"k{len(out)}"), context, toks(n)) for n in conts]
     # Longer than the model takes: lm-eval truncates from the left; shared with another.
