@@ -237,6 +237,9 @@ def run_tasks(
         name: {k: v for k, v in res.items() if k not in ("name", "alias") and v != "N/A"}
         for name, res in out["results"].items()
     }
-    info = {"lm_eval_version": out.get("lm_eval_version"), "n_shot": out.get("n-shot"),
+    scorer = type(lm).__name__ + (" (qcal.eval.shared_context)"
+                                  if type(lm).__name__ == "SharedContextHFLM" else "")
+    info = {"lm_eval_version": out.get("lm_eval_version"), "scorer": scorer,
+            "n_shot": out.get("n-shot"),
             "versions": out.get("versions"), "n_samples": out.get("n-samples")}
     return HarnessRun(metrics, items, info)

@@ -86,3 +86,5 @@ def test_tasks_give_lm_eval_items_and_metrics(tiny_model_dir: Path) -> None:
         assert a.gold == b.gold and a.lengths == b.lengths
         assert b.lls == pytest.approx(a.lls, abs=2e-4)
     assert shared.metrics[tasks[0]]["acc,none"] == plain.metrics[tasks[0]]["acc,none"]
+    assert (plain.info["scorer"], shared.info["scorer"]) == (
+        "HFLM", "SharedContextHFLM (qcal.eval.shared_context)")
