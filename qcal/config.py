@@ -194,6 +194,9 @@ class EvalConfig:
     source: str = "debian-handbook"
     tasks: tuple[str, ...] = ()
     limit: int | None = None
+    # Per-task overrides of `limit`, (task, n) pairs; a group's applies to each of its
+    # subtasks, as lm-eval's --limit does (mmlu=50: 50 items of each of its 57 subjects).
+    task_limits: tuple[tuple[str, int], ...] = ()
     num_fewshot: int | None = None
     task_batch_size: int = 16
     confidence: bool = False  # confidence metrics; not the calibration *set*
@@ -206,6 +209,13 @@ class EvalConfig:
             raise ConfigError("batch sizes must be positive; try --batch-size 4")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit {self.limit} must be a positive number of items")
+        for task, n in self.task_limits:
+            if task not in self.tasks:
+                raise ConfigError(f"a per-task limit names {task!r}, which is not in --tasks "
+                                  f"{list(self.tasks)}")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ConfigError(f"the limit of task {task} ({n!r}) must be a positive number "
+                                  "of items")
         if self.ece_bins < 1:
             raise ConfigError(f"--ece-bins {self.ece_bins} must be at least 1; the usual is 15")
         if self.confidence and not self.tasks:
@@ -215,6 +225,12 @@ class EvalConfig:
 
         for task in self.tasks:
             plain_name(task, "task name")
+
+
+def task_limit_map(cfg: EvalConfig) -> dict[str, int | None]:
+    """Every task of `cfg` with the number of items it scores (None: all)."""
+    own = dict(cfg.task_limits)
+    return {task: own.get(task, cfg.limit) for task in cfg.tasks}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -250,8 +266,8 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         ftype = fields[name].type
         if isinstance(value, dict) and (ftype == "QuantScheme" or ftype is QuantScheme):
             value = from_dict(QuantScheme, value)
-        elif isinstance(value, list):
-            value = tuple(value)
+        elif isinstance(value, list):  # JSON's lists: tuples, nested ones too ((task, n) pairs)
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
         kwargs[name] = value
     return cls(**kwargs)
 

@@ -31,6 +31,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--include-path", type=Path, action="append", default=[],
                    help="extra directory of lm-eval task YAMLs (repeatable)")
     p.add_argument("--limit", type=int, default=None, help="first N items per task")
+    p.add_argument("--task-limit", action="append", default=[], metavar="TASK=N",
+                   help="first N items of TASK instead of --limit (repeatable; a group's N "
+                        "applies to each of its subtasks, e.g. mmlu=50)")
     p.add_argument("--num-fewshot", type=int, default=None)
     p.add_argument("--task-batch-size", type=int, default=16)
     p.add_argument("--confidence", "--calibration", dest="confidence", action="store_true",
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             langs = tuple(x.strip() for x in args.langs.split(",") if x.strip())
     cfg = EvalConfig(seqlen=args.seqlen, stride=args.stride, batch_size=args.batch_size,
                      max_windows=args.max_windows, langs=langs, ppl=ppl, source=args.source,
-                     tasks=tasks, limit=args.limit, num_fewshot=args.num_fewshot,
+                     tasks=tasks, limit=args.limit, task_limits=parse_task_limits(args.task_limit),
+                     num_fewshot=args.num_fewshot,
                      task_batch_size=args.task_batch_size, confidence=args.confidence,
                      ece_bins=args.ece_bins)
     outcome = run_evaluation(args.model, cfg, base=args.base, text_file=args.text,
@@ -128,3 +132,16 @@ def _print_summary(data: dict[str, Any]) -> None:
         d = kinds["raw"]
         print(f" drift {task}: d conf_true {d['delta_conf_true']:+.4f} "
               f"(p={d['ttest_conf_true'].get('p', float('nan')):.3g})  flip rate {d['flip_rate']:.3f}")
+
+
+def parse_task_limits(values: list[str]) -> tuple[tuple[str, int], ...]:
+    """`--task-limit mmlu=50` arguments as (task, n) pairs."""
+    from qcal.errors import ConfigError
+
+    out = []
+    for text in values:
+        task, sep, n = text.partition("=")
+        if not sep or not task.strip() or not n.strip().isdigit():
+            raise ConfigError(f"--task-limit {text!r}: write TASK=N, e.g. --task-limit mmlu=50")
+        out.append((task.strip(), int(n)))
+    return tuple(out)

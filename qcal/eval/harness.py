@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,15 +195,14 @@ def vllm_lm(model_dir: Path | str, batch_size: int) -> Any:
 def run_tasks(
     model: nn.Module | Any, tokenizer: Any, tasks: Sequence[str], tm: Any, batch_size: int = 16,
     limit: int | None = None, num_fewshot: int | None = None, desc: str = "",
-    share_contexts: bool = True,
+    share_contexts: bool = True, task_limits: Mapping[str, int] | None = None,
 ) -> HarnessRun:
     """lm_eval.simple_evaluate on `model` (in memory, or an lm-eval LM such as `vllm_lm`);
     items kept per task. An in-memory model is scored by lm-eval's HFLM, with the choices of
     an item sharing one context pass unless `share_contexts` is off
-    (`qcal.eval.shared_context`: the same requests and metrics, a fraction of the work)."""
+    (`qcal.eval.shared_context`: the same requests and metrics, a fraction of the work).
+    `task_limits` overrides `limit` per task: tasks are run in one lm-eval call per limit."""
     offline_env()
-    from lm_eval import simple_evaluate
-
     if share_contexts:
         from qcal.eval.shared_context import SharedContextHFLM as HFLM
     else:
@@ -214,32 +213,46 @@ def run_tasks(
     lm = model if not isinstance(model, nn.Module) else HFLM(
         pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
         device=str(next(model.parameters()).device))
+    limits = {t: (task_limits or {}).get(t, limit) for t in tasks}
+    items: dict[str, list[ItemRecord]] = {}
+    metrics: dict[str, dict[str, Any]] = {}
+    scorer = type(lm).__name__ + (" (qcal.eval.shared_context)"
+                                  if type(lm).__name__ == "SharedContextHFLM" else "")
+    info: dict[str, Any] = {"scorer": scorer, "limits": limits, "n_shot": {}, "versions": {},
+                            "n_samples": {}}
+    for n in dict.fromkeys(limits.values()):  # one lm-eval call per limit, in task order
+        out = _evaluate(lm, [t for t in tasks if limits[t] == n], tm, n, num_fewshot)
+        for name, samples in out.get("samples", {}).items():
+            cfg = out["configs"].get(name, {})
+            if cfg.get("output_type") == "multiple_choice":
+                if not samples:
+                    raise TaskError(f"task {name} produced no items; check its item file and "
+                                    "--limit")
+                items[name] = extract_items(samples, cfg)
+        metrics.update({
+            name: {k: v for k, v in res.items() if k not in ("name", "alias") and v != "N/A"}
+            for name, res in out["results"].items()})
+        info["lm_eval_version"] = out.get("lm_eval_version")
+        for key, field in (("n_shot", "n-shot"), ("versions", "versions"),
+                           ("n_samples", "n-samples")):
+            info[key].update(out.get(field) or {})
+    return HarnessRun(metrics, items, info)
+
+
+def _evaluate(lm: Any, tasks: list[str], tm: Any, limit: int | None,
+              num_fewshot: int | None) -> dict[str, Any]:
+    from lm_eval import simple_evaluate
+
     try:
-        out = simple_evaluate(model=lm, tasks=list(tasks), task_manager=tm, limit=limit,
+        out = simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit,
                               num_fewshot=num_fewshot, log_samples=True, bootstrap_iters=1000,
                               verbosity="ERROR")
     except QcalError:
         raise
     except (KeyError, ValueError, OSError) as err:  # OSError covers ConnectionError
-        raise TaskError(f"lm-eval could not run {list(tasks)}: {err}. A standard task needs its "
+        raise TaskError(f"lm-eval could not run {tasks}: {err}. A standard task needs its "
                         "dataset in the local HF cache (the Hub is offline here); the local "
                         "tasks (qcal eval --list-tasks) need no network") from None
     if out is None:
         raise TaskError("lm-eval returned no results (non-zero rank?); run in a single process")
-    items: dict[str, list[ItemRecord]] = {}
-    for name, samples in out.get("samples", {}).items():
-        cfg = out["configs"].get(name, {})
-        if cfg.get("output_type") == "multiple_choice":
-            if not samples:
-                raise TaskError(f"task {name} produced no items; check its item file and --limit")
-            items[name] = extract_items(samples, cfg)
-    metrics = {
-        name: {k: v for k, v in res.items() if k not in ("name", "alias") and v != "N/A"}
-        for name, res in out["results"].items()
-    }
-    scorer = type(lm).__name__ + (" (qcal.eval.shared_context)"
-                                  if type(lm).__name__ == "SharedContextHFLM" else "")
-    info = {"lm_eval_version": out.get("lm_eval_version"), "scorer": scorer,
-            "n_shot": out.get("n-shot"),
-            "versions": out.get("versions"), "n_samples": out.get("n-samples")}
-    return HarnessRun(metrics, items, info)
+    return out

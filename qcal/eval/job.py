@@ -194,7 +194,7 @@ def run_evaluation(
             if m is None:
                 continue
             run = run_tasks(m, tok, tasks, tm, cfg.task_batch_size, cfg.limit, cfg.num_fewshot,
-                            desc=role)
+                            desc=role, task_limits=dict(cfg.task_limits))
             lm_metrics[role], items[role], lm_info = run.metrics, run.items, run.info
         data["lm_eval"] = {"tasks": tasks, "results": lm_metrics, "info": lm_info}
         if base_net is not None:
@@ -227,7 +227,8 @@ def _run_vllm(model: str | Path | None, cfg: EvalConfig, include_paths: Sequence
     tm = task_manager(include_paths, cfg.tasks)
     tasks = resolve_tasks(cfg.tasks, tm, include_paths)
     run = run_tasks(vllm_lm(model_dir, cfg.task_batch_size), load_tokenizer(model_dir), tasks, tm,
-                    cfg.task_batch_size, cfg.limit, cfg.num_fewshot, desc="vllm")
+                    cfg.task_batch_size, cfg.limit, cfg.num_fewshot, desc="vllm",
+                    task_limits=dict(cfg.task_limits))
     data = {"model": describe_model(model_dir), "base": None,
             "settings": {**to_dict(cfg), "backend": "vllm"},
             "lm_eval": {"tasks": tasks, "results": {"model": run.metrics}, "info": run.info}}

@@ -56,6 +56,7 @@ class GridSpec:
     tasks: tuple[str, ...] = ()
     confidence: bool = False  # confidence metrics on the tasks (not the calibration set)
     limit: int | None = None
+    task_limits: dict[str, int] = dataclasses.field(default_factory=dict, hash=False)  # {task: n}
     eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
 
     def __post_init__(self) -> None:
@@ -119,7 +120,7 @@ class GridSpec:
     def eval_config(self) -> EvalConfig:
         return EvalConfig(seqlen=self.eval_seqlen, max_windows=self.max_windows,
                           langs=self.eval_langs, tasks=self.tasks, confidence=self.confidence,
-                          limit=self.limit)
+                          limit=self.limit, task_limits=tuple(sorted(self.task_limits.items())))
 
     def method_config(self, method: str, cell: Cell | None = None) -> Any:
         """`method`'s config for `cell`: its scheme, act-order for GPTQ, method_options."""
@@ -182,6 +183,12 @@ def grid_from_dict(raw: dict[str, Any]) -> GridSpec:
     for key, value in raw.items():
         if key in {"selectors", "methods", "eval_langs", "tasks"} and isinstance(value, str):
             value = [v for v in value.split(",") if v]
+        if key == "task_limits":
+            if not isinstance(value, dict):
+                raise ConfigError("task_limits must map a task to its number of items, e.g. "
+                                  "{mmlu: 50}")
+            clean[key] = dict(value)
+            continue
         if key in ("method_options", "selector_options"):
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 example = ("{gptq: {damp_percent: 0.02}}" if key == "method_options"

@@ -162,6 +162,23 @@ def test_desc_act_reaches_gptq_config_only(tiny_model_dir: Path, texts) -> None:
     assert not hasattr(spec.method_config("rtn"), "desc_act")
 
 
+def test_task_limits_reach_the_eval_config(tiny_model_dir: Path, texts) -> None:
+    from qcal.config import EvalConfig, from_dict, task_limit_map, to_dict
+    from qcal.grid import grid_from_dict
+
+    spec = spec_for(tiny_model_dir, texts, tasks=("qcal_nextsent_en", "qcal_nextsent_de"),
+                    limit=20, task_limits={"qcal_nextsent_de": 5})
+    cfg = spec.eval_config()
+    assert cfg.task_limits == (("qcal_nextsent_de", 5),)
+    assert task_limit_map(cfg) == {"qcal_nextsent_en": 20, "qcal_nextsent_de": 5}
+    assert from_dict(EvalConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
+    with pytest.raises(ConfigError, match="must map a task"):
+        grid_from_dict({"task_limits": ["mmlu", 50]})
+    with pytest.raises(ConfigError, match="not in --tasks"):
+        spec_for(tiny_model_dir, texts, tasks=("qcal_nextsent_en",),
+                 task_limits={"mmlu": 5}).eval_config()
+
+
 def test_cli_desc_act_flag_sets_grid_field() -> None:
     import argparse
 

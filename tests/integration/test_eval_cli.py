@@ -115,6 +115,26 @@ def test_calibration_without_base(tiny_rtn: Path, tiny_task: Path, tmp_path: Pat
     assert stem.with_name("cal_reliability.png").is_file()
 
 
+def test_per_task_limits(tiny_rtn: Path, tiny_task: Path, tmp_path: Path,
+                         capsys: pytest.CaptureFixture) -> None:
+    stem = tmp_path / "limits"
+    assert main(["eval", "--model", str(tiny_rtn), "--tasks", "tiny_nextsent,qcal_nextsent_en",
+                 "--include-path", str(tiny_task), "--calibration", "--limit", "5",
+                 "--task-limit", "tiny_nextsent=3", "-o", str(stem)]) == 0
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert data["lm_eval"]["info"]["limits"] == {"tiny_nextsent": 3, "qcal_nextsent_en": 5}
+    assert data["calibration"]["tiny_nextsent"]["model"]["norm"]["n"] == 3
+    assert data["calibration"]["qcal_nextsent_en"]["model"]["norm"]["n"] == 5
+    assert data["settings"]["task_limits"] == [["tiny_nextsent", 3]]
+    for bad, says in ((["--task-limit", "tiny_nextsent"], "write TASK=N"),
+                      (["--task-limit", "other=2"], "not in --tasks"),
+                      (["--task-limit", "tiny_nextsent=0"], "positive number")):
+        rc = main(["eval", "--model", str(tiny_rtn), "--tasks", "tiny_nextsent",
+                   "--include-path", str(tiny_task), *bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and says in err and "Traceback" not in err, err
+
+
 def test_unknown_task_lists_local_tasks(tiny_model_dir: Path, capsys: pytest.CaptureFixture
                                         ) -> None:
     rc = main(["eval", "--model", str(tiny_model_dir), "--tasks", "no_such_task_xyz"])
