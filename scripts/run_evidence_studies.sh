@@ -3,7 +3,8 @@
 # then their tables (seeds, 95% intervals, paired tests, findings against the papers):
 #   configs/study_multilingual{,_gemma3}.yaml -> results/multilingual.{md,json}
 #   configs/study_zipcal{,_gemma3}.yaml       -> results/zipcal.{md,json}
-#   configs/study_confidence{,_gemma3}.yaml   -> results/confidence.{md,json}, results/benchmarks.{md,json}
+#   configs/study_confidence{,_gemma3}.yaml   -> results/confidence.{md,json}
+#   configs/study_benchmarks{,_gemma3}.yaml   -> results/benchmarks.{md,json}
 # Each `qcal compare` continues where it stopped (finished cells are never recomputed), so
 # the whole thing can run across sessions: `bash scripts/run_evidence_studies.sh` again.
 # Many hours on a 2-core CPU (AWQ cells and Gemma's 262k-token head dominate).
@@ -13,14 +14,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 QCAL=${QCAL:-.venv/bin/qcal}
 PY=${PY:-.venv/bin/python}
-STUDIES=${STUDIES:-"study_multilingual study_zipcal study_confidence study_multilingual_gemma3 study_zipcal_gemma3 study_confidence_gemma3"}
+STUDIES=${STUDIES:-"study_multilingual study_zipcal study_confidence study_benchmarks study_multilingual_gemma3 study_zipcal_gemma3 study_confidence_gemma3 study_benchmarks_gemma3"}
 for grid in $STUDIES; do
   "$QCAL" compare --config "configs/$grid.yaml" "$@"
 done
-grids() { for g in "results/$1" "results/$1_gemma3"; do if [ -d "$g/cells" ]; then printf -- '--grid %s ' "$g"; fi; done; }
+grids() { for g in "results/$1" "results/$1_gemma3"; do if [ -d "$g/cells" ]; then printf -- '--%s %s ' "${2:-grid}" "$g"; fi; done; }
 # shellcheck disable=SC2046
 "$PY" scripts/study_multilingual_tables.py $(grids study_multilingual)
 # shellcheck disable=SC2046
 "$PY" scripts/study_zipcal_tables.py $(grids study_zipcal)
 # shellcheck disable=SC2046
-"$PY" scripts/study_confidence_tables.py $(grids study_confidence)
+"$PY" scripts/study_confidence_tables.py $(grids study_confidence) $(grids study_benchmarks bench-grid)

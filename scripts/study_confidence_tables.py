@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """The confidence study (issue 15): benchmark accuracy, calibration and drift tables.
 
-Reads the cells of one or more `study_confidence*` grids (one per model; configs/
-study_confidence.yaml, configs/study_confidence_gemma3.yaml) and writes two reports:
-- benchmarks: lm-eval's own accuracy (and acc_norm) with stderr and item counts, float
-  and every method, the calibrated ones as the mean over calibration seeds;
+Reads the cells of the `study_confidence*` grids (one per model; configs/
+study_confidence.yaml, configs/study_confidence_gemma3.yaml) and of the `study_benchmarks*`
+grids (configs/study_benchmarks{,_gemma3}.yaml: every benchmark task, one calibration
+draw) and writes two reports:
+- benchmarks (from the benchmark grids; from the confidence grids when none exists yet):
+  lm-eval's own acc, acc_norm and perplexity with stderr and item counts, float and every
+  method, groups with their direct subtasks (qcal.grid.benchmarks);
 - confidence: accuracy, ECE, Brier, NLL and gold-answer confidence of the raw choice
   probabilities (mean ± 95% interval over seeds), the paired drift from the float model
   on the same items, and the per-quartile table that tests the published claim that 4-bit
@@ -13,6 +16,7 @@ study_confidence.yaml, configs/study_confidence_gemma3.yaml) and writes two repo
 A grid that is not finished is rendered from the cells it has and says which are missing.
 
     python scripts/study_confidence_tables.py [--grid results/study_confidence ...]
+        [--bench-grid results/study_benchmarks ...]
         [--out-confidence results/confidence] [--out-benchmarks results/benchmarks]
 """
 
@@ -21,13 +25,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.eval.stats import mean_ci_text  # noqa: E402
+from qcal.grid.benchmarks import SCORES, benchmark_table, cell_text  # noqa: E402
 from qcal.grid.confidence_study import METRICS, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.study_tables import grid_heading  # noqa: E402
@@ -37,23 +40,10 @@ CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, most
          "float model was already unsure")
 
 
-def _score(runs: list[dict[str, Any]], metric: str) -> str:
-    values = [r[metric] for r in runs if r.get(metric) is not None]
-    if not values:
-        return "-"
-    errs = [r.get(f"{metric}_stderr") for r in runs if r.get(f"{metric}_stderr") is not None]
-    text = mean_ci_text(values, 4) if len(values) > 1 else f"{values[0]:.4f}"
-    return text + (f" (stderr {mean(errs):.4f})" if errs else "")
-
-
-def benchmark_rows(per_task: dict[str, Any]) -> list[list[object]]:
-    rows = []
-    for task, per_method in per_task.items():
-        for method, entry in per_method.items():
-            runs = entry["lm_eval"] if isinstance(entry["lm_eval"], list) else [entry["lm_eval"]]
-            rows.append([task, method, entry.get("seeds", "-"), runs[0].get("n") or "-",
-                         _score(runs, "acc"), _score(runs, "acc_norm")])
-    return rows
+def benchmark_rows(cells: dict[str, Any], tasks: list[str]) -> list[list[object]]:
+    return [[("&nbsp;&nbsp;" * r["depth"]) + r["task"], r["model"], r["seeds"],
+             r["items"] if r["items"] is not None else "-",
+             *[cell_text(r, m) for m in SCORES]] for r in benchmark_table(cells, tasks)]
 
 
 def confidence_rows(per_task: dict[str, Any]) -> list[list[object]]:
@@ -114,23 +104,37 @@ def findings(per_task: dict[str, Any]) -> list[str]:
     return out
 
 
+def _limits(spec: dict[str, Any]) -> str:
+    own = spec.get("task_limits") or {}
+    return (f"; items per task: lm-eval --limit {spec.get('limit') or 'none (all)'}"
+            + "".join(f", {task}: {n} per subtask" for task, n in sorted(own.items())))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grid", type=Path, action="append")
+    p.add_argument("--grid", type=Path, action="append", help="confidence grid (repeatable)")
+    p.add_argument("--bench-grid", type=Path, action="append",
+                   help="benchmark grid (repeatable; default: results/study_benchmarks*)")
     p.add_argument("--out-confidence", type=Path, default=ROOT / "results" / "confidence")
     p.add_argument("--out-benchmarks", type=Path, default=ROOT / "results" / "benchmarks")
     args = p.parse_args()
     grids = [g.resolve() for g in (args.grid or [ROOT / "results" / "study_confidence"])]
-    conf_parts, bench_parts, data = [], [], {}
+    bench_grids = [g.resolve() for g in (args.bench_grid or sorted(
+        g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
+    conf_parts, bench_parts, data, bench_data = [], [], {}, {}
+    for run in bench_grids or grids:
+        spec, cells, missing = grid_progress(run)
+        tasks = list(spec.get("tasks") or [])
+        bench_data[run.name] = {"spec": spec, "missing": missing,
+                                "rows": benchmark_table(cells, tasks)}
+        bench_parts += [*grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec)),
+                        markdown_table(["task", "model", "seeds", "items", "acc", "acc_norm",
+                                        "perplexity"], benchmark_rows(cells, tasks))]
     for run in grids:
         spec, cells, missing = grid_progress(run)
         per_task = study(cells, list(spec.get("tasks") or []))
         data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
-        head = grid_heading(run, ROOT, spec, len(cells), missing,
-                            f"; items per task: lm-eval --limit {spec.get('limit') or 'none (all)'}")
-        bench_parts += [*head, markdown_table(
-            ["task", "model", "seeds", "items", "acc (lm-eval)", "acc_norm (lm-eval)"],
-            benchmark_rows(per_task))]
+        head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
         drift, quartiles = drift_rows(per_task)
         conf_parts += [*head,
                        "### Calibration of the raw choice probabilities (mean ± 95% CI over seeds)",
@@ -148,15 +152,21 @@ def main() -> None:
                        "### Findings (computed from the tables above)",
                        "\n".join(findings(per_task)) or "(no quantized cells yet)"]
     command = ("python scripts/study_confidence_tables.py "
-               + " ".join(f"--grid {g.relative_to(ROOT)}" for g in grids))
+               + " ".join(f"--grid {g.relative_to(ROOT)}" for g in grids)
+               + "".join(f" --bench-grid {g.relative_to(ROOT)}" for g in bench_grids))
     prov = provenance(command=command)
     intro = ("lm-eval 0.4.13's own task definitions on the offline benchmark data "
              "(`qcal provision --only benchmarks`; sources and licences in "
-             "data/benchmarks/tasks/README.md); w4 g128 asym; three calibration draws of 32 x "
-             "512 random handbook windows for GPTQ (act-order) and AWQ.")
-    write_results(args.out_benchmarks.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
-        ["# Benchmarks: float and 4-bit methods on real lm-eval tasks", provenance_markdown(prov),
-         intro, *bench_parts]))
+             "data/benchmarks/tasks/README.md); w4 g128 asym; calibration draws of 32 x 512 "
+             "random handbook windows for GPTQ (act-order) and AWQ: three seeds in the "
+             "confidence grids, one in the benchmark grids.")
+    bench_intro = ("Each score is lm-eval's own (acc, acc_norm; perplexity for lambada_openai) "
+                   "± lm-eval's stderr; a method with several calibration seeds shows the mean "
+                   "of each. Groups are followed by their direct subtasks (indented); a "
+                   "group's items are the sum over its tasks.")
+    write_results(args.out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
+                  "\n\n".join(["# Benchmarks: float and 4-bit methods on real lm-eval tasks",
+                               provenance_markdown(prov), intro, bench_intro, *bench_parts]))
     write_results(args.out_confidence.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
         ["# Confidence calibration and drift under 4-bit quantization", provenance_markdown(prov),
          intro, *conf_parts]))

@@ -219,7 +219,7 @@ def run_tasks(
     scorer = type(lm).__name__ + (" (qcal.eval.shared_context)"
                                   if type(lm).__name__ == "SharedContextHFLM" else "")
     info: dict[str, Any] = {"scorer": scorer, "limits": limits, "n_shot": {}, "versions": {},
-                            "n_samples": {}}
+                            "n_samples": {}, "group_subtasks": {}}
     for n in dict.fromkeys(limits.values()):  # one lm-eval call per limit, in task order
         out = _evaluate(lm, [t for t in tasks if limits[t] == n], tm, n, num_fewshot)
         for name, samples in out.get("samples", {}).items():
@@ -234,7 +234,7 @@ def run_tasks(
             for name, res in out["results"].items()})
         info["lm_eval_version"] = out.get("lm_eval_version")
         for key, field in (("n_shot", "n-shot"), ("versions", "versions"),
-                           ("n_samples", "n-samples")):
+                           ("n_samples", "n-samples"), ("group_subtasks", "group_subtasks")):
             info[key].update(out.get(field) or {})
     return HarnessRun(metrics, items, info)
 

@@ -231,6 +231,20 @@ def test_study_config_files_parse(name: str) -> None:
     assert len(plan_cells(spec)) == 2 + 2 * len(spec.selectors)
 
 
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs").glob("study_*.yaml")),
+                         ids=lambda p: p.stem)
+def test_evidence_study_configs_are_valid(path: Path) -> None:
+    from qcal.grid import load_grid_config
+
+    spec = load_grid_config(path)
+    assert spec.name == path.stem and len(spec.values("seed")) in (1, 3)
+    cfg = spec.eval_config()  # task names, per-task limits and confidence settings check here
+    assert all(task in cfg.tasks for task, _ in cfg.task_limits)
+    for selector in spec.selectors:
+        spec.calib_config(selector)  # selector options parse
+    assert plan_cells(spec)
+
+
 def test_second_runner_on_the_same_grid_is_refused(tiny_model_dir: Path, texts,
                                                    tmp_path: Path) -> None:
     import fcntl

@@ -1,0 +1,99 @@
+"""The benchmark table: lm-eval's own scores of the float model and each method, per task.
+
+Pure functions of cell records (no files). A requested task that is an lm-eval group
+(mmlu, multiemo, qcal_nextsent) gets its group row (lm-eval's aggregate) and one row per
+direct subtask (mmlu's four categories, multiemo's languages), from the group structure
+lm-eval reported with the float cell's results. Each row gives the items scored, acc and
+acc_norm with lm-eval's stderr, and perplexity where the task reports one
+(lambada_openai); a method run with several calibration seeds shows their mean, and the
+mean of their stderrs.
+"""
+
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any
+
+from qcal.grid.confidence_study import by_method
+from qcal.grid.spec import FLOAT_CELL
+
+SCORES = ("acc", "acc_norm", "perplexity")
+
+
+def lm_eval_block(rec: dict[str, Any]) -> dict[str, Any]:
+    """The cell's lm-eval record of the evaluated model: results, info."""
+    block = (rec.get("eval") or {}).get("lm_eval") or {}
+    return {"results": (block.get("results") or {}).get("model") or {},
+            "info": block.get("info") or {}}
+
+
+def task_rows(tasks: list[str], info: dict[str, Any]) -> list[tuple[str, int]]:
+    """(task, depth) in table order: each requested task, then its direct subtasks."""
+    children = info.get("group_subtasks") or {}
+    out = []
+    for task in tasks:
+        out.append((task, 0))
+        out += [(sub, 1) for sub in children.get(task, [])]
+    return out
+
+
+def items_scored(task: str, results: dict[str, Any], info: dict[str, Any]) -> int | None:
+    """Items behind a row: lm-eval's own count for a task; summed over a group's tasks."""
+    counts = info.get("n_samples") or {}
+    if task in counts:
+        return int(counts[task]["effective"])
+    children = (info.get("group_subtasks") or {}).get(task)
+    if children:
+        parts = [items_scored(c, results, info) for c in children]
+        return sum(p for p in parts if p is not None) if all(p is not None for p in parts) \
+            else None
+    row = results.get(task) or {}
+    return row.get("sample_len")
+
+
+def scores(results: dict[str, Any], task: str) -> dict[str, float]:
+    row = results.get(task) or {}
+    out = {}
+    for metric in SCORES:
+        if f"{metric},none" in row and isinstance(row[f"{metric},none"], (int, float)):
+            out[metric] = float(row[f"{metric},none"])
+            err = row.get(f"{metric}_stderr,none")
+            if isinstance(err, (int, float)):
+                out[f"{metric}_stderr"] = float(err)
+    return out
+
+
+def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
+    """One row per (task or subtask, model): items, seeds and the mean of each score."""
+    float_rec = cells.get(FLOAT_CELL)
+    models = ([("float", [float_rec])] if float_rec is not None else []) + sorted(
+        by_method(cells).items())
+    if not models:
+        return []
+    layout_info = lm_eval_block(models[0][1][0])["info"]
+    rows = []
+    for task, depth in task_rows(tasks, layout_info):
+        for label, recs in models:
+            blocks = [lm_eval_block(r) for r in recs]
+            per_seed = [scores(b["results"], task) for b in blocks]
+            per_seed = [s for s in per_seed if s]
+            if not per_seed:
+                continue
+            row: dict[str, Any] = {"task": task, "depth": depth, "model": label,
+                                   "seeds": len(per_seed),
+                                   "items": items_scored(task, blocks[0]["results"],
+                                                         blocks[0]["info"])}
+            for key in {k for s in per_seed for k in s}:
+                values = [s[key] for s in per_seed if key in s]
+                row[key] = mean(values)
+            rows.append(row)
+    return rows
+
+
+def cell_text(row: dict[str, Any], metric: str) -> str:
+    """'0.4567 ± 0.0123' (± lm-eval's stderr), '-' when the task has no such score."""
+    if metric not in row:
+        return "-"
+    err = row.get(f"{metric}_stderr")
+    digits = 2 if metric == "perplexity" else 4
+    return f"{row[metric]:.{digits}f}" + ("" if err is None else f" ± {err:.{digits}f}")

@@ -1,0 +1,53 @@
+"""The benchmark table on synthetic cells: groups expand one level, seeds average."""
+
+from __future__ import annotations
+
+import pytest
+
+from qcal.grid.benchmarks import benchmark_table, cell_text, items_scored
+
+pytestmark = pytest.mark.unit
+
+INFO = {"group_subtasks": {"mmlu": ["mmlu_stem", "mmlu_other"],
+                           "mmlu_stem": ["mmlu_physics", "mmlu_math"],
+                           "mmlu_other": ["mmlu_law"]},
+        "n_samples": {"mmlu_physics": {"original": 100, "effective": 50},
+                      "mmlu_math": {"original": 90, "effective": 50},
+                      "mmlu_law": {"original": 40, "effective": 40},
+                      "lambada_openai": {"original": 5153, "effective": 1000}}}
+
+
+def _results(shift: float) -> dict:
+    row = {"acc,none": 0.5 + shift, "acc_stderr,none": 0.02, "sample_len": 10}
+    return {"mmlu": row, "mmlu_stem": {**row, "acc,none": 0.4 + shift},
+            "mmlu_other": {**row, "acc,none": 0.6 + shift}, "mmlu_physics": row,
+            "lambada_openai": {"acc,none": 0.3 + shift, "acc_stderr,none": 0.01,
+                               "perplexity,none": 20.0 + 10 * shift,
+                               "perplexity_stderr,none": 1.5}}
+
+
+def _cell(method: str | None, seed: int, shift: float) -> dict:
+    return {"method": method, "selector": None if method in (None, "rtn") else "random",
+            "axes": {"seed": seed},
+            "eval": {"lm_eval": {"results": {"model": _results(shift)}, "info": INFO}}}
+
+
+def test_groups_expand_one_level_and_seeds_average() -> None:
+    cells = {"float": _cell(None, 0, 0.0), "none__rtn": _cell("rtn", 0, -0.1),
+             "random__gptq__s0": _cell("gptq", 0, -0.02), "random__gptq__s1": _cell("gptq", 1, -0.04)}
+    rows = benchmark_table(cells, ["mmlu", "lambada_openai"])
+    assert [(r["task"], r["depth"]) for r in rows if r["model"] == "float"] == [
+        ("mmlu", 0), ("mmlu_stem", 1), ("mmlu_other", 1), ("lambada_openai", 0)]
+    gptq = {r["task"]: r for r in rows if r["model"] == "gptq"}
+    assert gptq["mmlu"]["seeds"] == 2 and gptq["mmlu"]["acc"] == pytest.approx(0.47)
+    assert gptq["mmlu"]["items"] == 140 and gptq["mmlu_stem"]["items"] == 100
+    assert gptq["lambada_openai"]["items"] == 1000
+    lam = next(r for r in rows if r["model"] == "rtn" and r["task"] == "lambada_openai")
+    assert cell_text(lam, "perplexity") == "19.00 ± 1.50"
+    assert cell_text(lam, "acc") == "0.2000 ± 0.0100" and cell_text(lam, "acc_norm") == "-"
+
+
+def test_items_fall_back_to_sample_len() -> None:
+    assert items_scored("arc_easy", {"arc_easy": {"sample_len": 570}}, {}) == 570
+    assert items_scored("mmlu", {}, {"group_subtasks": {"mmlu": ["a", "b"]},
+                                     "n_samples": {"a": {"effective": 3}}}) is None
