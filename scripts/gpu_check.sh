@@ -12,7 +12,7 @@
 # device tool: run(command="bash scripts/gpu_check.sh", timeout_s=590); about 8 minutes.
 # Outputs go under $OUT (default /tmp/qcal-gpu):
 #   env.txt          GPU, driver, python/torch/triton versions
-#   gpu_tests.log    pytest -m gpu tests/gpu (kernels + pipeline)
+#   gpu_tests.log    pytest -m gpu tests/gpu (kernels + pipeline) + the shared-context scorer
 #   bench.log        the benchmark's progress
 #   kernels.json/md  results/kernels.{json,md} with the GPU section added: copy them to results/
 # Exit status: 0 only if both the tests and the benchmark succeeded.
@@ -36,7 +36,9 @@ unset TRITON_INTERPRET QCAL_KERNEL
 cat "$OUT/env.txt"
 
 echo "== GPU tests"
-timeout 330 "$PY" -m pytest -q -m gpu tests/gpu -p no:cacheprovider --maxfail=20 \
+# tests/integration/test_shared_context.py: the shared-context lm-eval scorer on CUDA (needs lm_eval)
+timeout 330 "$PY" -m pytest -q -m gpu tests/gpu tests/integration/test_shared_context.py \
+  -p no:cacheprovider --maxfail=20 \
   2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 

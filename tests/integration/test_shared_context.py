@@ -10,16 +10,16 @@ import torch
 pytestmark = pytest.mark.integration
 
 
-def _lms(model_dir: Path) -> tuple:
+def _lms(model_dir: Path, device: str = "cpu") -> tuple:
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from qcal.eval.shared_context import SharedContextHFLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    return (HFLM(pretrained=model, tokenizer=tok, batch_size=4, device="cpu"),
-            SharedContextHFLM(pretrained=model, tokenizer=tok, batch_size=4, device="cpu"))
+    return (HFLM(pretrained=model, tokenizer=tok, batch_size=4, device=device),
+            SharedContextHFLM(pretrained=model, tokenizer=tok, batch_size=4, device=device))
 
 
 def _requests(vocab: int, max_length: int) -> list:
@@ -45,19 +45,24 @@ def _greedy_request(lm, context: list[int], steps: int) -> tuple:
     ids = list(context)
     for _ in range(steps):
         with torch.no_grad():
-            ids.append(int(lm.model(torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(int(lm.model(torch.tensor([ids], device=lm.device)).logits[0, -1].argmax()))
     return (("c", "greedy"), context, ids[len(context):])
 
 
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_shared_context_equals_lm_eval_per_request(arch: str, tiny_model_dir: Path,
+def test_shared_context_equals_lm_eval_per_request(arch: str, device: str, tiny_model_dir: Path,
                                                    tmp_path: Path) -> None:
     from qcal.model.tiny import build_tiny_gemma3
 
     # Gemma's sliding window (8 tokens) is shorter than the contexts: the cached pass must
     # mask the far context for the sliding layer exactly as the single pass does.
     model_dir = tiny_model_dir if arch == "llama" else build_tiny_gemma3(tmp_path / "g")
-    reference, shared = _lms(model_dir)
+    reference, shared = _lms(model_dir, device)
     requests = _requests(reference.model.config.vocab_size, reference.max_length)
     context = requests[3][1]
     requests += [_greedy_request(reference, context, 3), (("c", "other"), context, [5, 6])]
