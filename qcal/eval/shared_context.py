@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -66,9 +67,8 @@ class SharedContextHFLM(HFLM):
             by_length[len(context)].append(context)
         size = self.batch_size if isinstance(self.batch_size, int) and self.batch_size > 0 else 16
         for length in sorted(by_length, reverse=True):
-            contexts = by_length[length]
-            for start in range(0, len(contexts), size):
-                chunk = contexts[start:start + size]
+            for chunk in _chunks(by_length[length], size, length,
+                                 lambda c: sum(len(requests[i][2]) > 1 for i in shared[c])):
                 groups = [[requests[i][2] for i in shared[c]] for c in chunk]
                 for context, scored in zip(chunk, self._score_groups(chunk, groups), strict=True):
                     for i, answer in zip(shared[context], scored, strict=True):
@@ -96,29 +96,63 @@ class SharedContextHFLM(HFLM):
             head = self._forward(input_ids=ids, use_cache=True)
         # Log-probabilities of each continuation's first token, from its context's last position.
         first = F.log_softmax(head.logits[:, -1], dim=-1, dtype=self.softmax_dtype)
-        rows = [(g, cont) for g, conts in enumerate(groups) for cont in conts]
-        longest = max(len(cont) for _, cont in rows)
+        # Single-token continuations are done: only the longer ones run on the cache.
+        rows = [(g, j) for g, conts in enumerate(groups) for j, cont in enumerate(conts)
+                if len(cont) > 1]
         rest = None
-        if longest > 1:
+        if rows:
+            longest = max(len(groups[g][j]) for g, j in rows)
             cache = head.cache  # transformers 5 names the KV cache `cache`
             # One cache row per continuation, copied from its context's row.
             cache.batch_select_indices(torch.tensor([g for g, _ in rows], device=self.device))
             # Every continuation but its last token, right-padded: padding sits after the real
             # tokens, so under the causal mask no real token sees it (as in lm-eval's batches).
             tails = torch.zeros((len(rows), longest - 1), dtype=torch.long, device=self.device)
-            for r, (_, cont) in enumerate(rows):
+            for r, (g, j) in enumerate(rows):
+                cont = groups[g][j]
                 tails[r, :len(cont) - 1] = torch.tensor(cont[:-1], dtype=torch.long)
             out = self._forward(input_ids=tails, cache=cache, use_cache=True)
             rest = F.log_softmax(out.logits, dim=-1, dtype=self.softmax_dtype)
         answers: list[list[tuple[float, bool]]] = [[] for _ in groups]
-        for r, (g, cont) in enumerate(rows):
-            logprob = float(first[g, cont[0]])
-            greedy = int(first[g].argmax()) == cont[0]
-            if len(cont) > 1:
-                assert rest is not None
-                steps = rest[r, :len(cont) - 1]
-                target = torch.tensor(cont[1:], dtype=torch.long, device=steps.device)
-                logprob += float(steps.gather(1, target[:, None]).sum())
-                greedy = greedy and bool((steps.argmax(dim=-1) == target).all())
-            answers[g].append((logprob, greedy))
+        row_of = {gj: r for r, gj in enumerate(rows)}
+        for g, conts in enumerate(groups):
+            for j, cont in enumerate(conts):
+                answers[g].append(self._answer(first[g], rest, row_of.get((g, j)), cont))
         return answers
+
+    @staticmethod
+    def _answer(first: torch.Tensor, rest: torch.Tensor | None, row: int | None,
+                cont: list[int]) -> tuple[float, bool]:
+        """lm-eval's (sum of the continuation's log-probabilities, all tokens greedy)."""
+        logprob = float(first[cont[0]])
+        greedy = int(first.argmax()) == cont[0]
+        if len(cont) > 1:
+            assert rest is not None and row is not None
+            steps = rest[row, :len(cont) - 1]
+            target = torch.tensor(cont[1:], dtype=torch.long, device=steps.device)
+            logprob += float(steps.gather(1, target[:, None]).sum())
+            greedy = greedy and bool((steps.argmax(dim=-1) == target).all())
+        return logprob, greedy
+
+
+# Cache rows x context tokens one batch may copy, per unit of batch size: with the default
+# batch of 16, 16 rows of 1,024 tokens (a few hundred MB of keys and values for a small model).
+TOKENS_PER_ROW = 1024
+
+
+def _chunks(contexts: list[tuple[int, ...]], size: int, length: int,
+            tail_rows: Callable[[tuple[int, ...]], int]) -> Iterator[list[tuple[int, ...]]]:
+    """Batches of at most `size` contexts (all `length` long) whose copied cache rows stay
+    within size x TOKENS_PER_ROW tokens; a context that alone exceeds it runs alone."""
+    budget = size * TOKENS_PER_ROW
+    chunk: list[tuple[int, ...]] = []
+    rows = 0
+    for context in contexts:
+        need = tail_rows(context)
+        if chunk and (len(chunk) == size or (rows + need) * length > budget):
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(context)
+        rows += need
+    if chunk:
+        yield chunk

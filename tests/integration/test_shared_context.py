@@ -93,3 +93,17 @@ def test_tasks_give_lm_eval_items_and_metrics(tiny_model_dir: Path) -> None:
     assert shared.metrics[tasks[0]]["acc,none"] == plain.metrics[tasks[0]]["acc,none"]
     assert (plain.info["scorer"], shared.info["scorer"]) == (
         "HFLM", "SharedContextHFLM (qcal.eval.shared_context)")
+
+
+def test_batches_of_contexts_respect_the_cache_budget(monkeypatch) -> None:
+    from qcal.eval import shared_context
+
+    monkeypatch.setattr(shared_context, "TOKENS_PER_ROW", 10)  # budget: size x 10 tokens
+    contexts = [(i,) * 5 for i in range(7)]
+    rows = {c: 3 if c[0] in (1, 2) else 1 for c in contexts}
+    chunks = list(shared_context._chunks(contexts, 4, 5, rows.get))
+    # Budget 4 x 10 = 40 tokens: contexts 0-3 copy 1+3+3+1 = 8 rows of 5 tokens = 40 (fits,
+    # and the batch is full at 4 contexts); 4-6 follow. A 100-token row alone is over budget.
+    assert chunks == [contexts[0:4], contexts[4:7]]
+    assert list(shared_context._chunks(contexts[:2], 4, 100, rows.get)) == [[contexts[0]],
+                                                                             [contexts[1]]]
