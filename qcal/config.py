@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from qcal.errors import ConfigError
@@ -227,10 +228,13 @@ class EvalConfig:
             plain_name(task, "task name")
 
 
-def task_limit_map(cfg: EvalConfig) -> dict[str, int | None]:
-    """Every task of `cfg` with the number of items it scores (None: all)."""
-    own = dict(cfg.task_limits)
-    return {task: own.get(task, cfg.limit) for task in cfg.tasks}
+def task_limit_map(tasks: Sequence[str], limit: int | None,
+                   task_limits: Mapping[str, int] | Iterable[tuple[str, int]] = ()
+                   ) -> dict[str, int | None]:
+    """Every task with the number of items it scores (None: all): its own limit from
+    `task_limits`, else `limit`."""
+    own = dict(task_limits)
+    return {task: own.get(task, limit) for task in tasks}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -35,7 +35,6 @@ def _construct(name: str, kwargs: dict[str, Any]) -> CalibrationSelector:
         if unknown:
             raise ConfigError(f"selector {name!r} takes no option(s) {unknown}; "
                               f"its options: {sorted(fields - {'name'})}")
-    if fields is not None:
         try:
             hints = typing.get_type_hints(factory)
         except (NameError, TypeError):  # an annotation only a type checker can resolve
@@ -112,10 +111,10 @@ def selector_spec(name: str, options: dict[str, Any] | None = None) -> str:
     strings and cache keys); `name` alone when there are none."""
     if not options:
         return name
-    if name.partition(":")[0] in ("ml", "mix", "multilingual"):
+    head, _, arg = name.partition(":")
+    if head in ("ml", "mix", "multilingual"):
         raise ConfigError(f"selector {name!r} takes its settings in its own string (ml:de, "
                           "mix:en=0.5,de=0.5); options apply to random, zipf and perplexity")
-    head, _, arg = name.partition(":")
     items = [arg] if arg else []
     items += [f"{k}={'none' if v is None else str(v).lower() if isinstance(v, bool) else v}"
               for k, v in sorted(options.items())]

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from qcal.config import task_limit_map
 from qcal.errors import QcalError
 from qcal.eval.local_tasks import local_task_names, read_items, tasks_dir
 
@@ -213,7 +214,7 @@ def run_tasks(
     lm = model if not isinstance(model, nn.Module) else HFLM(
         pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
         device=str(next(model.parameters()).device))
-    limits = {t: (task_limits or {}).get(t, limit) for t in tasks}
+    limits = task_limit_map(tasks, limit, task_limits or {})
     items: dict[str, list[ItemRecord]] = {}
     metrics: dict[str, dict[str, Any]] = {}
     scorer = type(lm).__name__ + (" (qcal.eval.shared_context)"

@@ -15,16 +15,10 @@ from statistics import mean
 from typing import Any
 
 from qcal.grid.confidence_study import by_method
+from qcal.grid.evidence import model_lm_eval
 from qcal.grid.spec import FLOAT_CELL
 
 SCORES = ("acc", "acc_norm", "perplexity")
-
-
-def lm_eval_block(rec: dict[str, Any]) -> dict[str, Any]:
-    """The cell's lm-eval record of the evaluated model: results, info."""
-    block = (rec.get("eval") or {}).get("lm_eval") or {}
-    return {"results": (block.get("results") or {}).get("model") or {},
-            "info": block.get("info") or {}}
 
 
 def task_rows(tasks: list[str], info: dict[str, Any]) -> list[tuple[str, int]]:
@@ -70,11 +64,11 @@ def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[
         by_method(cells).items())
     if not models:
         return []
-    layout_info = lm_eval_block(models[0][1][0])["info"]
+    layout_info = model_lm_eval(models[0][1][0])["info"]
     rows = []
     for task, depth in task_rows(tasks, layout_info):
         for label, recs in models:
-            blocks = [lm_eval_block(r) for r in recs]
+            blocks = [model_lm_eval(r) for r in recs]
             per_seed = [scores(b["results"], task) for b in blocks]
             per_seed = [s for s in per_seed if s]
             if not per_seed:

@@ -21,7 +21,7 @@ import numpy as np
 from qcal.eval.confidence import confidence_metrics
 from qcal.eval.drift import item_drift
 from qcal.eval.stats import mean_ci, paired_mean_test
-from qcal.grid.evidence import seed_sorted
+from qcal.grid.evidence import model_lm_eval, seed_sorted
 from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
 
@@ -42,9 +42,7 @@ def by_method(cells: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]
 
 def lm_eval_scores(rec: dict[str, Any], task: str) -> dict[str, Any]:
     """lm-eval's own acc / acc_norm with stderr and item count for one cell and task."""
-    results = (((rec.get("eval") or {}).get("lm_eval") or {}).get("results") or {}).get("model") \
-        or {}
-    row = results.get(task) or {}
+    row = model_lm_eval(rec)["results"].get(task) or {}
     out = {"n": row.get("sample_len")}
     for metric in ("acc", "acc_norm"):
         if f"{metric},none" in row:

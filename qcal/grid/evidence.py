@@ -20,6 +20,14 @@ def model_ppl(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return ((rec.get("eval") or {}).get("perplexity") or {}).get("model") or {}
 
 
+def model_lm_eval(rec: dict[str, Any]) -> dict[str, Any]:
+    """A cell's lm-eval record of the evaluated model: {"results": {task: row}, "info": ...}
+    (empty where there is none)."""
+    block = (rec.get("eval") or {}).get("lm_eval") or {}
+    return {"results": (block.get("results") or {}).get("model") or {},
+            "info": block.get("info") or {}}
+
+
 def seed_sorted(groups: dict[Any, list[dict[str, Any]]]) -> dict[Any, list[dict[str, Any]]]:
     """`groups` with each list of cells put in calibration-seed order (in place)."""
     for recs in groups.values():

@@ -88,9 +88,10 @@ def mean_ppl(recs: list[dict[str, Any]], langs: list[str]) -> list[float]:
 
 
 def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
-             same: dict[tuple[str, int, str], list[dict[str, Any]]] | None = None) -> list[str]:
-    """The study's findings as Markdown bullets; `same` (the `by_budget` groups) adds a note
-    on groups whose seeds all drew one set."""
+             groups: dict[tuple[str, int, str], list[dict[str, Any]]] | None = None
+             ) -> list[str]:
+    """The study's findings as Markdown bullets; `groups` (from `by_budget`) adds a note on
+    groups whose seeds all drew one set, and the load average of the selection timings."""
     out = []
     zp = [t for t in tests if (t["a"], t["b"]) == ("zipf", "perplexity")]
     if zp:
@@ -113,8 +114,8 @@ def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
         out.append(f"- **zipf vs random selection**: zipf significantly better in {len(better)} of "
                    f"{len(zr)} settings ({', '.join(better) or 'none'}), significantly worse in "
                    f"{len(worse)} ({', '.join(worse) or 'none'}).")
-    if same is not None:
-        collapsed = [f"{sel} ({method} n={n})" for (method, n, sel), recs in sorted(same.items())
+    if groups is not None:
+        collapsed = [f"{sel} ({method} n={n})" for (method, n, sel), recs in sorted(groups.items())
                      if len(recs) > 1 and distinct_sets(recs) == 1]
         if collapsed:
             out.append("- **seeds**: every seed drew the same calibration set for "
@@ -124,7 +125,7 @@ def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
         ratios = [f"n={n}: {cost['perplexity'][n] / cost['zipf'][n]:.0f}x"
                   for n in cost["zipf"] if n in cost["perplexity"] and cost["zipf"][n] > 0]
         if ratios:
-            loads = [t["load_average"][0] for recs in (same or {}).values() for r in recs
+            loads = [t["load_average"][0] for recs in (groups or {}).values() for r in recs
                      if (t := (r.get("calibration") or {}).get("timing") or {}).get("load_average")]
             load = f", 1-min load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
             out.append("- **cost**: perplexity-based selection took longer than zipf by "

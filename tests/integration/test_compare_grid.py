@@ -170,7 +170,8 @@ def test_task_limits_reach_the_eval_config(tiny_model_dir: Path, texts) -> None:
                     limit=20, task_limits={"qcal_nextsent_de": 5})
     cfg = spec.eval_config()
     assert cfg.task_limits == (("qcal_nextsent_de", 5),)
-    assert task_limit_map(cfg) == {"qcal_nextsent_en": 20, "qcal_nextsent_de": 5}
+    assert task_limit_map(cfg.tasks, cfg.limit, cfg.task_limits) == {"qcal_nextsent_en": 20,
+                                                                     "qcal_nextsent_de": 5}
     assert from_dict(EvalConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
     with pytest.raises(ConfigError, match="must map a task"):
         grid_from_dict({"task_limits": ["mmlu", 50]})
