@@ -74,6 +74,7 @@ def drift_rows(per_task: dict[str, Any]) -> tuple[list[list[object]], list[list[
                           f"{acc['delta']:+.4f} [{acc['ci_low']:+.4f}, {acc['ci_high']:+.4f}]",
                           f"{conf['delta']:+.4f} [{conf['ci_low']:+.4f}, {conf['ci_high']:+.4f}]",
                           "-" if conf["p_ttest"] is None else f"{conf['p_ttest']:.3g}",
+                          f"{conf['p_holm']:.3g}" if "p_holm" in conf else "-",
                           f"{d['drift']['flip_rate']:.3f}", d["claim"]])
             for q, test in zip(d["drift"]["by_base_conf_quantile"], d["quartile_tests"],
                                strict=True):
@@ -101,6 +102,14 @@ def findings(per_task: dict[str, Any]) -> list[str]:
                        f"{counts['disagrees']} (disagrees), and there is no significant drop in "
                        f"{counts['no drop']}: " + ", ".join(f"{t}: {c}" for t, c in claims.items())
                        + ".")
+    tests = [entry["drift"]["conf_true_test"] for pm in per_task.values()
+             for entry in pm.values() if "p_holm" in entry.get("drift", {}).get("conf_true_test", {})]
+    drops = [t for t in tests if t["delta"] < 0 and t["p_ttest"] < 0.05]
+    kept = [t for t in drops if t["p_holm"] < 0.05]
+    if tests:
+        out.append(f"- **multiple comparisons**: {len(drops)} of {len(tests)} task x model "
+                   f"gold-answer confidence changes are drops with t-test p < 0.05; "
+                   f"{len(kept)} remain after Holm's correction over all {len(tests)}.")
     return out
 
 
@@ -142,9 +151,10 @@ def main() -> None:
                        "### Drift from the float model on the same items",
                        "Δ = model - float, per item, the model's probabilities averaged over its "
                        "seeds; [95% paired-bootstrap CI]; p: paired t-test on gold-answer "
-                       "confidence; flips: share of items whose predicted answer changed.",
+                       "confidence, p (Holm): adjusted over every task and model of this "
+                       "table; flips: share of items whose predicted answer changed.",
                        markdown_table(["task", "model", "seeds", "items", "Δacc", "Δconf_true",
-                                       "p", "flips", "claim"], drift),
+                                       "p", "p (Holm)", "flips", "claim"], drift),
                        "### By quartile of the float model's gold-answer confidence",
                        markdown_table(["task", "model", "quartile", "float conf_true range",
                                        "items", "float conf_true", "Δconf_true", "p",

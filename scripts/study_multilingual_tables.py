@@ -34,6 +34,7 @@ from qcal.grid.multilingual import (  # noqa: E402
     against_rtn,
     by_setting,
     findings,
+    holm_method_family,
     matched_language,
     versus_baseline,
 )
@@ -68,6 +69,7 @@ def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
 def test_rows(tests: list[dict[str, Any]]) -> list[list[object]]:
     return [[t["method"], f"{t['a']} vs {t['b']}", f"{t['ppl_a']:.2f}", f"{t['ppl_b']:.2f}",
              f"{t['delta']:+.2f}", f"[{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]", f"{t['p']:.3g}",
+             f"{t['p_holm']:.3g}" if "p_holm" in t else "-",
              "-" if t["effect_dz"] is None else f"{t['effect_dz']:.2f}", verdict(t)]
             for t in tests]
 
@@ -89,7 +91,9 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
         vs_en = versus_baseline(groups, method, "ml:en", SINGLE + MIXES, langs)
         matched = matched_language(groups, method, langs)
         vs_rtn = against_rtn(cells, groups, method, langs)
-        head = ["method", "A vs B", "ppl A", "ppl B", "Δppl", "95% CI", "p", "d_z", "verdict"]
+        vs_en, matched, vs_rtn = holm_method_family(vs_en, matched, vs_rtn)
+        head = ["method", "A vs B", "ppl A", "ppl B", "Δppl", "95% CI", "p", "p (Holm)", "d_z",
+                "verdict"]
         if vs_en:
             parts += [f"### {method}: every calibration set vs English-only and vs RTN",
                       "On the windows of all languages pooled (perplexity over their tokens, "
@@ -125,7 +129,9 @@ def main() -> None:
          "and two-sided p from 10,000 bootstrap replicates that resample the evaluation windows "
          "(paired between A and B) and each side's calibration seeds; d_z: effect size of the "
          "seed-averaged per-window mean-NLL differences. The smallest p 10,000 replicates "
-         "can give is 1e-4."],
+         "can give is 1e-4. p (Holm): adjusted over all of one method's tests (vs "
+         "English-only, vs RTN and the language-matched tests), which bounds the chance of "
+         "any false positive among them at 5%."],
         "Caveats: the models are small (135M-270M parameters) and their float weights are "
         "dequantized GGUF/Q4 files, so the size of an effect is not comparable with the "
         "8B-scale papers, only its direction; three seeds give wide intervals.")

@@ -55,7 +55,8 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
     test_rows = [[t["method"], t["nsamples"], f"{t['a']} vs {t['b']}", f"{t['ppl_a']:.3f}",
                   f"{t['ppl_b']:.3f}", f"{100 * t['relative']:+.2f}%",
                   f"[{100 * t['ci_low'] / t['ppl_b']:+.2f}%, {100 * t['ci_high'] / t['ppl_b']:+.2f}%]",
-                  f"{t['p']:.3g}", verdict(t), t["equivalence"]] for t in tests]
+                  f"{t['p']:.3g}", f"{t['p_holm']:.3g}", verdict(t), t["equivalence"]]
+                 for t in tests]
     parts = [*grid_heading(run, ROOT, spec, len(cells), missing),
              f"Perplexity on {', '.join(langs)} (held-out windows of 512 tokens"
              + (f", the first {spec['max_windows']}" if spec.get("max_windows") else ", all")
@@ -71,7 +72,8 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
                   f"95% interval lies within ±{100 * EQUIVALENCE_MARGIN:.0f}%, `beats`/`trails` "
                   "when significant outside it, else `inconclusive`.",
                   markdown_table(["method", "nsamples", "A vs B", "ppl A", "ppl B", "relative Δ",
-                                  "95% CI", "p", "verdict", "equivalence"], test_rows)]
+                                  "95% CI", "p", "p (Holm)", "verdict", "equivalence"],
+                                 test_rows)]
     found = findings(tests, cost, groups)
     parts += ["### Findings (computed from the tables above)",
               "\n".join(found) or "(no finished GPTQ/AWQ settings yet)"]
@@ -87,7 +89,9 @@ def main() -> None:
         ["Every selector draws from the same English calibration pool of the handbook at each "
          "budget (nsamples windows of 512 tokens), three seeds each; GPTQ (act-order) and AWQ, "
          "w4 g128 asym. Tests: 10,000 bootstrap replicates resampling the evaluation windows "
-         "(paired) and each side's seeds; the smallest p they can give is 1e-4."],
+         "(paired) and each side's seeds; the smallest p they can give is 1e-4. p (Holm): "
+         "adjusted over all pairwise tests of one model, which bounds the chance of any false "
+         "positive among them at 5%."],
         "Caveats: small models whose float weights are dequantized GGUF/Q4 files; the "
         "perplexity selector scores the pool with the float model being quantized.")
 

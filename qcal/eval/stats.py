@@ -9,6 +9,9 @@ paired tests between two settings scored on the same evaluation units.
   draws (seeds): a bootstrap over windows (paired) and over each side's seeds.
 - `paired_mean_test`: the same for per-item values (accuracy as 0/1, gold-answer
   confidence), plus the paired t-test.
+- `holm_adjust` / `with_holm`: a report runs many tests, and some of them come out
+  "significant" by chance; Holm's step-down adjustment controls the chance of any false
+  positive over a report's family of tests (no assumption on how they depend on each other).
 
 Pure functions of numbers: no model, no files.
 """
@@ -153,10 +156,41 @@ def paired_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAU
             "significant": bool(lo > 0 or hi < 0)}
 
 
+def holm_adjust(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the input order: the i-th smallest of m is multiplied by
+    (m - i), made non-decreasing in that order and capped at 1."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    if p.size == 0:
+        return []
+    if np.any(np.isnan(p)) or np.any((p < 0) | (p > 1)):
+        raise ValueError("Holm adjustment needs p-values in [0, 1]")
+    order = np.argsort(p, kind="stable")
+    scaled = p[order] * (p.size - np.arange(p.size))
+    adjusted = np.minimum(np.maximum.accumulate(scaled), 1.0)
+    out = np.empty_like(adjusted)
+    out[order] = adjusted
+    return [float(v) for v in out]
+
+
+def test_p(test: dict[str, Any]) -> float:
+    """A test's two-sided p-value: `p` (perplexity tests) or the bootstrap's."""
+    return float(test["p"] if "p" in test else test["p_bootstrap"])
+
+
+def with_holm(tests: Sequence[dict[str, Any]], alpha: float = 1 - LEVEL
+              ) -> list[dict[str, Any]]:
+    """Copies of `tests` (one family) with `p_holm` and `significant_holm` (p_holm < alpha)."""
+    adjusted = holm_adjust([test_p(t) for t in tests])
+    return [{**t, "p_holm": q, "significant_holm": bool(q < alpha)}
+            for t, q in zip(tests, adjusted, strict=True)]
+
+
 def verdict(test: dict[str, Any], better_when_lower: bool = True) -> str:
-    """'A better (p=...)', 'B better (p=...)' or 'no significant difference (p=...)'."""
-    p = test.get("p", test.get("p_bootstrap"))
+    """'A better (p=...)', 'B better (p=...)' or 'no significant difference (p=...)'; a test
+    that went through `with_holm` and does not survive the adjustment says so."""
+    p = test_p(test)
     if not test["significant"]:
         return f"no significant difference (p={p:.3g})"
     a_better = (test["delta"] < 0) == better_when_lower
-    return f"{'A' if a_better else 'B'} better (p={p:.3g})"
+    holm = " (not after Holm)" if test.get("significant_holm") is False else ""
+    return f"{'A' if a_better else 'B'} better (p={p:.3g}){holm}"

@@ -7,8 +7,10 @@ calibration seeds with a 95% interval, and the drift from the float model on the
 items: paired tests of gold-answer confidence and accuracy, and the per-quartile table
 (quartiles of the *float* model's gold-answer confidence) behind the published claim that
 4-bit GPTQ lowers confidence on the gold answer mostly where the float model was already
-unsure. A calibrated method's item probabilities are averaged over its seeds first (the
-expected model of a random calibration draw; gold-answer confidence is linear in them).
+unsure. The gold-answer confidence tests of all tasks and methods are one Holm family
+(`p_holm` beside the t-test's p). A calibrated method's item probabilities are averaged
+over its seeds first (the expected model of a random calibration draw; gold-answer
+confidence is linear in them).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from qcal.eval.confidence import confidence_metrics
 from qcal.eval.drift import item_drift
-from qcal.eval.stats import mean_ci, paired_mean_test
+from qcal.eval.stats import holm_adjust, mean_ci, paired_mean_test
 from qcal.grid.evidence import model_lm_eval, seed_sorted
 from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
@@ -120,4 +122,9 @@ def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
                 entry["drift"] = {**drift, "claim": quartile_claim(drift)}
             per_method[method] = entry
         out[task] = per_method
+    tests = [entry["drift"]["conf_true_test"] for per_method in out.values()
+             for entry in per_method.values() if "drift" in entry
+             and entry["drift"]["conf_true_test"]["p_ttest"] is not None]
+    for test, p_holm in zip(tests, holm_adjust([t["p_ttest"] for t in tests]), strict=True):
+        test["p_holm"] = p_holm
     return out

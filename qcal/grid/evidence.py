@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from qcal.eval.stats import mean_ci, paired_ppl_test, verdict
+from qcal.eval.stats import mean_ci, paired_ppl_test, test_p, verdict, with_holm
 from qcal.results import markdown_table
 
 
@@ -33,6 +33,40 @@ def seed_sorted(groups: dict[Any, list[dict[str, Any]]]) -> dict[Any, list[dict[
     for recs in groups.values():
         recs.sort(key=lambda r: (r.get("axes") or {}).get("seed", 0))
     return groups
+
+
+def holm_families(*families: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """`with_holm` over the tests of all `families` together (one report's family of
+    tests), handed back split as they came."""
+    adjusted = with_holm([t for family in families for t in family])
+    out, start = [], 0
+    for family in families:
+        out.append(adjusted[start:start + len(family)])
+        start += len(family)
+    return out
+
+
+def multiple_comparisons(label: str, tests: list[dict[str, Any]], name: Any,
+                         most_named: int = 5) -> str | None:
+    """A findings bullet: how many of a family's tests (after `with_holm`) are significant
+    before and after Holm's adjustment, naming with `name(test)` those that lose their
+    significance, and the survivors when there are at most `most_named`."""
+    if not tests:
+        return None
+    raw = sum(bool(t["significant"]) for t in tests)
+    kept = [f"{name(t)} (p_Holm={t['p_holm']:.2g})" for t in tests if t["significant_holm"]]
+    lost = [name(t) for t in tests if t["significant"] and not t["significant_holm"]]
+    smallest = min(test_p(t) for t in tests)
+    text = (f"- **{label}, multiple comparisons**: {raw} of {len(tests)} tests are significant "
+            f"at 95% uncorrected (smallest p {smallest:.2g}); after Holm's correction over all "
+            f"{len(tests)}, {len(kept)} remain{'s' if len(kept) == 1 else ''}")
+    if kept and len(kept) <= most_named:
+        text += f" ({', '.join(kept)})"
+    if lost:
+        text += f"; no longer significant: {', '.join(lost)}"
+    if not kept:
+        text += "; none of the differences is established on its own"
+    return text + "."
 
 
 def _windows(rec: dict[str, Any]) -> dict[str, tuple[list[float], list[int]]]:

@@ -15,7 +15,7 @@ from statistics import mean
 from typing import Any
 
 from qcal.eval.stats import seeded_ppl_test
-from qcal.grid.evidence import model_ppl, seed_sorted
+from qcal.grid.evidence import holm_families, model_ppl, multiple_comparisons, seed_sorted
 
 SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
 MIXES = ["mix:study10", "mix:en-heavy", "mix:study5"]
@@ -84,6 +84,7 @@ def matched_language(groups: dict, method: str, langs: list[str]) -> list[dict[s
         means = {s: mean(model_ppl(r)[lang]["ppl"] for r in groups[(method, s)])
                  for s in SINGLE if groups.get((method, s))}
         rank = sorted(means, key=means.get).index(own) + 1
+        tests = [{**t, "lang": lang} for t in tests]
         out.append({"lang": lang, "rank": rank, "of": len(means), "significantly_better_than":
                     wins, "significantly_worse_than": losses, "compared": len(tests),
                     "tests": tests})
@@ -103,6 +104,25 @@ def against_rtn(cells: dict[str, dict[str, Any]], groups: dict, method: str,
         if test is not None:
             out.append({"method": method, "a": selector, "b": "rtn", **test})
     return out
+
+
+def holm_method_family(vs_en: list[dict[str, Any]], matched: list[dict[str, Any]],
+                       vs_rtn: list[dict[str, Any]]
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The three kinds of test of one method as one Holm family (every test gets `p_holm`
+    and `significant_holm`), returned in the shapes they came in."""
+    flat = [t for m in matched for t in m["tests"]]
+    vs_en, vs_rtn, flat = holm_families(vs_en, vs_rtn, flat)
+    out, start = [], 0
+    for m in matched:
+        out.append({**m, "tests": flat[start:start + len(m["tests"])]})
+        start += len(m["tests"])
+    return vs_en, out, vs_rtn
+
+
+def test_name(test: dict[str, Any]) -> str:
+    where = f" on {test['lang']}" if "lang" in test else ""
+    return f"{test['a']} vs {test['b']}{where}"
 
 
 def findings(method: str, vs_en: list[dict[str, Any]], matched: list[dict[str, Any]],
@@ -145,4 +165,9 @@ def findings(method: str, vs_en: list[dict[str, Any]], matched: list[dict[str, A
             f"other single-language set for {len(beats_all)} ({', '.join(beats_all) or 'none'}). "
             f"This {agrees} with the published finding that calibrating in the target language "
             "helps most.")
+    family = [t for t in vs_en + vs_rtn + [t for m in matched for t in m["tests"]]
+              if "p_holm" in t]
+    holm = multiple_comparisons(method, family, test_name)
+    if holm:
+        out.append(holm)
     return out

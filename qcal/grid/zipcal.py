@@ -15,7 +15,8 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
-from qcal.grid.evidence import model_ppl, seed_sorted
+from qcal.eval.stats import with_holm
+from qcal.grid.evidence import model_ppl, multiple_comparisons, seed_sorted
 from qcal.grid.multilingual import seeded_test
 
 SELECTORS = ["random", "zipf", "perplexity"]
@@ -51,7 +52,8 @@ def equivalence(test: dict[str, Any], margin: float = EQUIVALENCE_MARGIN) -> str
 
 
 def pair_tests(groups: dict, langs: list[str]) -> list[dict[str, Any]]:
-    """Every pair of PAIRS within one method and budget, on the windows of `langs` pooled."""
+    """Every pair of PAIRS within one method and budget, on the windows of `langs` pooled;
+    Holm-adjusted over all of them (`p_holm`)."""
     out = []
     for method, nsamples in sorted({(m, n) for m, n, _ in groups}):
         for a_sel, b_sel in PAIRS:
@@ -62,7 +64,7 @@ def pair_tests(groups: dict, langs: list[str]) -> list[dict[str, Any]]:
                 continue
             out.append({"method": method, "nsamples": nsamples, "a": a_sel, "b": b_sel, **test,
                         "equivalence": equivalence(test)})
-    return out
+    return with_holm(out)
 
 
 def selection_cost(groups: dict) -> dict[str, dict[int, float]]:
@@ -114,6 +116,10 @@ def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
         out.append(f"- **zipf vs random selection**: zipf significantly better in {len(better)} of "
                    f"{len(zr)} settings ({', '.join(better) or 'none'}), significantly worse in "
                    f"{len(worse)} ({', '.join(worse) or 'none'}).")
+    holm = multiple_comparisons("selector pairs", [t for t in tests if "p_holm" in t],
+                                lambda t: f"{t['a']} vs {t['b']} {t['method']} n={t['nsamples']}")
+    if holm:
+        out.append(holm)
     if groups is not None:
         collapsed = [f"{sel} ({method} n={n})" for (method, n, sel), recs in sorted(groups.items())
                      if len(recs) > 1 and distinct_sets(recs) == 1]

@@ -64,3 +64,16 @@ def test_no_change_is_no_drop() -> None:
     cells = {"float": _cell(None, None, base), "none__rtn": _cell("rtn", None, base)}
     drift = study(cells, ["boolq"])["boolq"]["rtn"]["drift"]
     assert quartile_claim(drift) == "no drop" and not drift["acc_test"]["significant"]
+
+
+def test_gold_confidence_tests_are_one_holm_family() -> None:
+    cells = _cells(drop_where_unsure=True)
+    noise = np.random.default_rng(3).normal(0, 0.01, size=N)
+    base = np.exp(np.array([item["lls"][0] for item in cells["float"]["items"]["boolq"]]))
+    cells["none__rtn"] = _cell("rtn", None, np.clip(base + noise, 0.01, 0.99))
+    out = study(cells, ["boolq"])["boolq"]
+    gptq, rtn = out["gptq"]["drift"]["conf_true_test"], out["rtn"]["drift"]["conf_true_test"]
+    low, high = sorted((gptq, rtn), key=lambda t: t["p_ttest"])
+    assert low["p_holm"] == pytest.approx(min(1.0, 2 * low["p_ttest"]))
+    assert high["p_holm"] == pytest.approx(max(low["p_holm"], high["p_ttest"]))
+    assert gptq["p_holm"] < 0.05  # the real drop survives the correction

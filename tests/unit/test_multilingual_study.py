@@ -7,7 +7,14 @@ import zlib
 import numpy as np
 import pytest
 
-from qcal.grid.multilingual import against_rtn, by_setting, findings, matched_language, versus_baseline
+from qcal.grid.multilingual import (
+    against_rtn,
+    by_setting,
+    findings,
+    holm_method_family,
+    matched_language,
+    versus_baseline,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -76,3 +83,28 @@ def test_english_only_and_rtn_comparisons_and_their_findings() -> None:
     assert vs_rtn["ml:en"]["ppl_a"] == pytest.approx(np.exp(3.25), rel=0.01)
     text = "\n".join(findings("gptq", list(vs_en.values()), [], list(vs_rtn.values())))
     assert "1 of 1 mixes are significantly better" in text and "agrees with" in text
+
+
+def test_one_holm_family_per_method_keeps_the_shapes() -> None:
+    cells = _grid(matched_gain=0.3, en_penalty=0.5)
+    groups = by_setting(cells)
+    vs_en = versus_baseline(groups, "gptq", "ml:en", ["ml:de", "mix:study10"], LANGS)
+    matched = matched_language(groups, "gptq", LANGS)
+    vs_rtn = against_rtn(cells, groups, "gptq", LANGS)
+    h_en, h_matched, h_rtn = holm_method_family(vs_en, matched, vs_rtn)
+    assert [t["a"] for t in h_en] == [t["a"] for t in vs_en]
+    assert [len(m["tests"]) for m in h_matched] == [len(m["tests"]) for m in matched]
+    family = h_en + h_rtn + [t for m in h_matched for t in m["tests"]]
+    m = len(family)
+    smallest = min(family, key=lambda t: t["p"])
+    assert smallest["p_holm"] == pytest.approx(min(1.0, smallest["p"] * m))
+    assert all(t["p_holm"] >= t["p"] for t in family)
+    assert all(t["lang"] in LANGS for mm in h_matched for t in mm["tests"])
+    text = "\n".join(findings("gptq", h_en, h_matched, h_rtn))
+    raw = sum(t["significant"] for t in family)
+    kept = sum(t["significant_holm"] for t in family)
+    assert f"{raw} of {m} tests are significant at 95% uncorrected" in text
+    assert f"after Holm's correction over all {m}, {kept} remain" in text
+    assert kept > 5 and "p_Holm=" not in text  # too many survivors to name
+    lost = [t for t in family if t["significant"] and not t["significant_holm"]]
+    assert ("no longer significant" in text) == bool(lost)

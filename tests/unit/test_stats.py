@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 from qcal.eval.stats import (
+    holm_adjust,
     mean_ci,
     paired_mean_test,
     paired_ppl_test,
     seeded_ppl_test,
     verdict,
+    with_holm,
 )
 
 pytestmark = pytest.mark.unit
@@ -106,3 +108,43 @@ def test_seed_to_seed_spread_widens_the_interval_a_window_test_would_give() -> N
 def test_seeded_test_refuses_different_windows() -> None:
     with pytest.raises(ValueError, match="same windows"):
         seeded_ppl_test([[1.0, 2.0]], [[1.0, 2.0, 3.0]], [10, 10])
+
+
+def test_holm_adjusts_step_down_in_input_order() -> None:
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04; the last is
+    # raised to 0.06 so the adjusted values never decrease along the sorted order.
+    assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm_adjust([0.5, 0.6]) == [1.0, 1.0]   # capped at 1
+    assert holm_adjust([0.03]) == [0.03]           # one test: unchanged
+    assert holm_adjust([]) == []
+    with pytest.raises(ValueError, match="p-values"):
+        holm_adjust([0.2, 1.5])
+
+
+def test_with_holm_marks_what_survives_and_verdict_says_so() -> None:
+    tests = [{"p": 0.001, "significant": True, "delta": -1.0},
+             {"p_bootstrap": 0.03, "significant": True, "delta": 2.0},
+             {"p": 0.2, "significant": False, "delta": 0.5}]
+    adjusted = with_holm(tests)
+    assert [t["p_holm"] for t in adjusted] == pytest.approx([0.003, 0.06, 0.2])
+    assert [t["significant_holm"] for t in adjusted] == [True, False, False]
+    assert "p_holm" not in tests[0]                 # the input is left alone
+    assert verdict(adjusted[0]) == "A better (p=0.001)"
+    assert verdict(adjusted[1]) == "B better (p=0.03) (not after Holm)"
+    assert verdict(tests[1]) == "B better (p=0.03)"
+
+
+def test_multiple_comparisons_names_what_holm_removes() -> None:
+    from qcal.grid.evidence import multiple_comparisons
+
+    tests = with_holm([{"p": 0.001, "significant": True, "delta": -1.0, "n": "a"},
+                       {"p": 0.03, "significant": True, "delta": 2.0, "n": "b"},
+                       {"p": 0.2, "significant": False, "delta": 0.5, "n": "c"}])
+    text = multiple_comparisons("x", tests, lambda t: t["n"])
+    assert text == ("- **x, multiple comparisons**: 2 of 3 tests are significant at 95% "
+                    "uncorrected (smallest p 0.001); after Holm's correction over all 3, 1 "
+                    "remains (a (p_Holm=0.003)); no longer significant: b.")
+    none_kept = multiple_comparisons("x", with_holm(tests[1:]), lambda t: t["n"])
+    assert none_kept.endswith("0 remain; no longer significant: b; none of the differences "
+                              "is established on its own.")
+    assert multiple_comparisons("x", [], str) is None
