@@ -75,6 +75,30 @@ def test_shared_context_equals_lm_eval_per_request(arch: str, device: str, tiny_
     assert any(g for _, g in want)  # the greedy request checks the True branch
 
 
+def test_a_model_without_logits_to_keep_scores_the_same(tiny_model_dir: Path) -> None:
+    reference, shared = _lms(tiny_model_dir)
+    model = shared.model
+    full_forward = model.forward
+    calls = []
+
+    def forward_without_logits_to_keep(input_ids=None, attention_mask=None, cache=None,
+                                       use_cache=None):
+        # An architecture whose forward has no logits_to_keep: passing it is a TypeError.
+        calls.append(input_ids.shape)
+        return full_forward(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
+                            use_cache=use_cache)
+
+    model.forward = forward_without_logits_to_keep  # the instance's forward, for this test
+    requests = _requests(model.config.vocab_size, reference.max_length)
+    got = shared._loglikelihood_tokens(requests, disable_tqdm=True)
+    del model.forward
+    want = reference._loglikelihood_tokens(requests, disable_tqdm=True)
+    assert calls, "the scorer did not go through the patched forward"
+    for (ll_got, greedy_got), (ll_want, greedy_want) in zip(got, want, strict=True):
+        assert ll_got == pytest.approx(ll_want, abs=2e-4)
+        assert greedy_got == greedy_want
+
+
 def test_tasks_give_lm_eval_items_and_metrics(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
