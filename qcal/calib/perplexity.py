@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -134,11 +135,16 @@ class PerplexitySelector:
             rng = np.random.default_rng(seed)
             candidates = np.sort(rng.choice(len(pool), size=self.max_candidates, replace=False))
         model = self.model
+        load_seconds = None
         if model is None:
             from qcal.devices import resolve_device
 
+            started = time.perf_counter()
             model = load_reference_model(pool.tokenizer, self.ref_model)
             model.to(resolve_device(self.device or "auto"))
+            # Part of the selection's cost, reported apart so costs can be compared with or
+            # without it (a caller that passes a loaded model pays none).
+            load_seconds = round(time.perf_counter() - started, 3)
         ids = pool.ids[torch.from_numpy(candidates)]
         if self.score_tokens is not None:
             ids = ids[:, :self.score_tokens]
@@ -151,7 +157,7 @@ class PerplexitySelector:
         keep = rank_by_score(scores, n, self.mode)
         chosen = scores[keep]
         finite = scores[torch.isfinite(scores)]
-        info = {"scored": int(candidates.size),
+        info = {"scored": int(candidates.size), "reference_load_seconds": load_seconds,
                 "pool_ppl": _quantiles(finite), "selected_ppl": _quantiles(chosen)}
         return Selection([int(candidates[i]) for i in keep], info)
 

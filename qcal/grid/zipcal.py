@@ -134,6 +134,14 @@ def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
             loads = [t["load_average"][0] for recs in (groups or {}).values() for r in recs
                      if (t := (r.get("calibration") or {}).get("timing") or {}).get("load_average")]
             load = f", 1-min load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+            # Newer manifests time the perplexity selector's model load apart (inside the cost).
+            ref = [s for recs in (groups or {}).values() for r in recs
+                   if (s := ((r.get("calibration") or {}).get("selection") or {})
+                       .get("reference_load_seconds")) is not None]
+            span = f"{min(ref or [0]):.2g}" + (f"-{max(ref):.2g}" if ref and max(ref) > min(ref)
+                                                else "")
+            ref_text = f"; loading the reference model took {span} s of that" if ref else ""
             out.append("- **cost**: perplexity-based selection took longer than zipf by "
-                       + ", ".join(ratios) + f" (selection seconds in the calibration manifests{load}).")
+                       + ", ".join(ratios) + f" (selection seconds in the calibration manifests{load}"
+                       f"{ref_text}).")
     return out

@@ -219,6 +219,7 @@ def test_perplexity_selects_by_mode(tok: Any, mode: str, zeros: list[int]) -> No
     picked = [int((pool.ids[i, 1:] == 0).sum()) for i in got.indices]
     assert sorted(picked) == sorted(zeros)
     assert got.info["scored"] == 10
+    assert got.info["reference_load_seconds"] is None  # given a model: nothing loaded
 
 
 def test_sequence_perplexity_masks_padding() -> None:
@@ -259,3 +260,4 @@ def test_windows_pool_for_perplexity_on_tiny_model(tok: Any, tiny_model_dir: Pat
     got = PerplexitySelector(mode="high", batch_size=16, progress=False).select(pool, 4, seed=0)
     assert len(set(got.indices)) == 4
     assert got.info["selected_ppl"]["min"] >= got.info["pool_ppl"]["median"]
+    assert got.info["reference_load_seconds"] > 0  # the load is timed apart from scoring

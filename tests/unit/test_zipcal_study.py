@@ -71,6 +71,10 @@ def test_zipf_equal_to_perplexity_matches_and_beats_random() -> None:
     groups[("gptq", 16, "zipf")][0]["calibration"]["timing"]["load_average"] = [1.5, 1.0, 1.0]
     groups[("gptq", 64, "perplexity")][1]["calibration"]["timing"]["load_average"] = [2.25, 2, 2]
     assert "load average 1.5-2.2)" in "\n".join(findings(tests, cost, groups))
+    groups[("gptq", 16, "perplexity")][0]["calibration"]["selection"] = {
+        "reference_load_seconds": 1.25}
+    assert "load average 1.5-2.2; loading the reference model took 1.2 s of that)" in \
+        "\n".join(findings(tests, cost, groups))
 
 
 def test_zipf_clearly_worse_trails_and_disagrees() -> None:
