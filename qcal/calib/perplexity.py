@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
 from qcal.calib.base import SELECTORS, Selection
 from qcal.calib.windows import WindowPool
 from qcal.errors import ConfigError
+from qcal.scoring import next_token_nll
 
 MODES = ("low", "high", "middle")
 
@@ -46,8 +46,7 @@ def sequence_perplexity(model: nn.Module, ids: torch.Tensor, attention_mask: tor
     for start in tqdm(range(0, ids.shape[0], batch_size), desc="ppl-score", disable=not progress):
         batch = ids[start:start + batch_size].to(device)
         mask = None if attention_mask is None else attention_mask[start:start + batch_size].to(device)
-        logits = model(input_ids=batch, attention_mask=mask).logits.float()
-        ce = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch[:, 1:], reduction="none")
+        ce = next_token_nll(model(input_ids=batch, attention_mask=mask).logits, batch)
         # Only positions whose target is a real token count.
         weight = torch.ones_like(ce) if mask is None else mask[:, 1:].to(ce.dtype)
         counts = weight.sum(dim=1)

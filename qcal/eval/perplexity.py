@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
 from qcal.errors import ConfigError
+from qcal.scoring import next_token_nll
 
 
 @dataclasses.dataclass
@@ -103,10 +103,7 @@ def with_prefix(window: torch.Tensor, prefix: Sequence[int]) -> torch.Tensor:
 @torch.no_grad()
 def window_nll(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Per-token NLL [B, L-1] of predicting batch[:, 1:] from the prefix."""
-    logits = model(input_ids=batch).logits.float()
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="none"
-    ).view(batch.shape[0], -1)
+    return next_token_nll(model(input_ids=batch).logits, batch)
 
 
 def perplexity_of_ids(

@@ -1,0 +1,134 @@
+#!/usr/bin/env python
+"""What calibration selection costs: zipf vs perplexity-based selection as the ZipCal grids
+run them, and the perplexity selector before and after its scoring fix; writes
+results/selection_cost.{json,md}.
+
+The study grids (configs/study_zipcal*.yaml) select with `zipf:pool_size=256` and
+`perplexity:max_candidates=256,score_tokens=128` from the English handbook pool. Until
+this change the perplexity selector took its cross-entropy over the class axis of a
+transposed view of the logits, a strided softmax several times slower (and less accurate
+in float32) than scoring each row's contiguous logits (`qcal.scoring.next_token_nll`).
+The default model's ZipCal cells were selected that way, so their recorded cost
+overstates what the selector costs now. This script times, in one process and one run,
+each of: zipf, perplexity as it is now, and perplexity with the old scoring patched back
+in ("transposed CE"), through `qcal.calib.resolve_calib` exactly as a grid cell does
+(reference model loaded from the model directory, selection timing from the manifest),
+and says whether old and new scoring chose the same windows.
+
+    python scripts/bench_selection_cost.py [--models smollm2-135m-instruct]
+        [--nsamples 16,128] [--seeds 0,1,2] [--out results/selection_cost]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+
+SOURCE = "debian-handbook"
+SEQLEN = 512
+ARMS = {"zipf": "zipf:pool_size=256",
+        "perplexity": "perplexity:max_candidates=256,score_tokens=128",
+        "perplexity, transposed CE": "perplexity:max_candidates=256,score_tokens=128"}
+
+
+def transposed_nll(logits: Any, ids: Any) -> Any:
+    """The perplexity selector's scoring before qcal.scoring: CE over a transposed view."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.float()[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+
+
+def select(tokenizer: Any, arm: str, n: int, seed: int) -> dict[str, Any]:
+    import qcal.calib.perplexity as ppl_module
+    from qcal.calib import resolve_calib
+
+    current = ppl_module.next_token_nll
+    if arm.endswith("transposed CE"):
+        ppl_module.next_token_nll = transposed_nll
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+        calib = resolve_calib(SOURCE, tokenizer, nsamples=n, seqlen=SEQLEN, seed=seed,
+                              selector=ARMS[arm])
+    finally:
+        ppl_module.next_token_nll = current
+    timing = calib.manifest["timing"]
+    return {"arm": arm, "n": n, "seed": seed, "seconds": timing["selection_seconds"],
+            "reference_load_seconds": (calib.manifest.get("selection") or {}).get(
+                "reference_load_seconds"),
+            "load_before": load, "digest": calib.manifest["digest"]}
+
+
+def bench_model(name: str, nsamples: list[int], seeds: list[int]) -> dict[str, Any]:
+    from qcal.model.loading import load_model
+
+    _, tokenizer, model_dir = load_model(name)
+    runs = []
+    for seed in seeds:
+        for n in nsamples:
+            for arm in ARMS:  # interleaved, so drifting load hits every arm alike
+                runs.append(select(tokenizer, arm, n, seed))
+                print(f"{name} seed={seed} n={n} {arm}: {runs[-1]['seconds']} s", flush=True)
+    med = {arm: median(r["seconds"] for r in runs if r["arm"] == arm) for arm in ARMS}
+    old, new = ([r for r in runs if r["arm"] == a] for a in ("perplexity, transposed CE",
+                                                             "perplexity"))
+    same = sum(a["digest"] == b["digest"] for a, b in zip(old, new, strict=True))
+    return {"model": name, "model_dir": str(model_dir), "runs": runs, "median_seconds": med,
+            "same_selection": same, "compared": len(new)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="smollm2-135m-instruct")
+    p.add_argument("--nsamples", default="16,128")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "selection_cost")
+    args = p.parse_args()
+    nsamples = [int(x) for x in args.nsamples.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    models = [bench_model(m, nsamples, seeds) for m in args.models.split(",")]
+    rows = []
+    for m in models:
+        med = m["median_seconds"]
+        loads = [r["reference_load_seconds"] for r in m["runs"]
+                 if r["reference_load_seconds"] is not None]
+        rows.append([m["model"], len(m["runs"]) // len(ARMS), f"{med['zipf']:.3f}",
+                     f"{med['perplexity']:.1f}", f"{med['perplexity, transposed CE']:.1f}",
+                     f"{median(loads):.1f}" if loads else "-",
+                     f"{med['perplexity'] / med['zipf']:.0f}x",
+                     f"{med['perplexity, transposed CE'] / med['zipf']:.0f}x",
+                     f"{med['perplexity, transposed CE'] / med['perplexity']:.2f}x",
+                     f"{m['same_selection']} of {m['compared']}"])
+    command = ("python scripts/bench_selection_cost.py --models " + args.models
+               + f" --nsamples {args.nsamples} --seeds {args.seeds}")
+    prov = provenance(command=command)
+    md = "\n\n".join([
+        "# Selection cost: zipf vs perplexity-based selection (ZipCal grid settings)",
+        provenance_markdown(prov),
+        f"Pool: English windows of {SEQLEN} tokens from {SOURCE} (calib split), as the "
+        "study_zipcal grids draw them. zipf: `pool_size=256` (a random 256 candidates per "
+        "greedy step); perplexity: `max_candidates=256,score_tokens=128` (the reference model, "
+        "loaded from the model directory as a grid cell does, scores the first 128 tokens of "
+        "256 random candidates). Seconds: the selection step as the calibration manifest "
+        "records it (perplexity's includes loading its reference model; that load is also "
+        "shown alone); median over the draws (seeds x nsamples), arms interleaved in one "
+        "process. `transposed CE`: the scoring the default model's study_zipcal cells were "
+        "selected with; same selection: draws where old and new scoring chose the same "
+        "windows (by manifest digest).",
+        markdown_table(["model", "draws", "zipf s", "perplexity s", "perplexity s (transposed "
+                        "CE)", "of which model load s", "perplexity / zipf",
+                        "as the grid ran it", "old / new scoring", "same selection"], rows)])
+    write_results(args.out.resolve(), {"provenance": prov, "models": models}, md)
+    print(f"wrote {args.out}.md")
+
+
+if __name__ == "__main__":
+    main()
