@@ -31,13 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from qcal.grid.benchmarks import SCORES, benchmark_table, cell_text  # noqa: E402
-from qcal.grid.confidence_study import METRICS, study  # noqa: E402
+from qcal.grid.confidence_study import METRICS, findings, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.study_tables import grid_heading  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
-
-CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, mostly where the "
-         "float model was already unsure")
 
 
 def benchmark_rows(cells: dict[str, Any], tasks: list[str]) -> list[list[object]]:
@@ -85,32 +82,6 @@ def drift_rows(per_task: dict[str, Any]) -> tuple[list[list[object]], list[list[
                                   else f"{test['p_ttest']:.3g}",
                                   f"{q['share_of_loss']:.2f}", f"{q['flip_rate']:.3f}"])
     return drift, quartiles
-
-
-def findings(per_task: dict[str, Any]) -> list[str]:
-    out = []
-    labels = sorted({m for pm in per_task.values() for m in pm if m != "float"})
-    for method in labels:
-        claims = {task: pm[method]["drift"]["claim"] for task, pm in per_task.items()
-                  if method in pm and "drift" in pm[method]}
-        if claims:
-            counts = {c: sum(v == c for v in claims.values()) for c in ("agrees", "disagrees",
-                                                                        "no drop")}
-            out.append(f"- **{method}**: of {len(claims)} tasks, the loss of gold-answer confidence "
-                       f"concentrates in the float model's least confident quartile in "
-                       f"{counts['agrees']} (agrees with the {CLAIM}), elsewhere in "
-                       f"{counts['disagrees']} (disagrees), and there is no significant drop in "
-                       f"{counts['no drop']}: " + ", ".join(f"{t}: {c}" for t, c in claims.items())
-                       + ".")
-    tests = [entry["drift"]["conf_true_test"] for pm in per_task.values()
-             for entry in pm.values() if "p_holm" in entry.get("drift", {}).get("conf_true_test", {})]
-    drops = [t for t in tests if t["delta"] < 0 and t["p_ttest"] < 0.05]
-    kept = [t for t in drops if t["p_holm"] < 0.05]
-    if tests:
-        out.append(f"- **multiple comparisons**: {len(drops)} of {len(tests)} task x model "
-                   f"gold-answer confidence changes are drops with t-test p < 0.05; "
-                   f"{len(kept)} remain after Holm's correction over all {len(tests)}.")
-    return out
 
 
 def _limits(spec: dict[str, Any]) -> str:

@@ -28,6 +28,8 @@ from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
 
 METRICS = ("acc", "ece", "brier", "nll", "conf_true")
+CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, mostly where the "
+         "float model was already unsure")
 
 
 def by_method(cells: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -127,4 +129,34 @@ def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
              and entry["drift"]["conf_true_test"]["p_ttest"] is not None]
     for test, p_holm in zip(tests, holm_adjust([t["p_ttest"] for t in tests]), strict=True):
         test["p_holm"] = p_holm
+    return out
+
+
+def findings(per_task: dict[str, Any]) -> list[str]:
+    """The study's findings as Markdown bullets, from `study`'s output: per method, where
+    its loss of gold-answer confidence sits against the published claim, then how many
+    drops survive Holm's correction over every task and method."""
+    out = []
+    labels = sorted({m for pm in per_task.values() for m in pm if m != "float"})
+    for method in labels:
+        claims = {task: pm[method]["drift"]["claim"] for task, pm in per_task.items()
+                  if method in pm and "drift" in pm[method]}
+        if claims:
+            counts = {c: sum(v == c for v in claims.values()) for c in ("agrees", "disagrees",
+                                                                        "no drop")}
+            out.append(f"- **{method}**: of {len(claims)} tasks, the loss of gold-answer confidence "
+                       f"concentrates in the float model's least confident quartile in "
+                       f"{counts['agrees']} (agrees with the {CLAIM}), elsewhere in "
+                       f"{counts['disagrees']} (disagrees), and there is no significant drop in "
+                       f"{counts['no drop']}: " + ", ".join(f"{t}: {c}" for t, c in claims.items())
+                       + ".")
+    tests = [entry["drift"]["conf_true_test"] for pm in per_task.values()
+             for entry in pm.values() if "p_holm" in entry.get("drift", {}).get("conf_true_test", {})]
+    drops = [t for t in tests if t["delta"] < 0 and t["p_ttest"] < 0.05]
+    kept = [t for t in drops if t["p_holm"] < 0.05]
+    if tests:
+        out.append(f"- **multiple comparisons**: {len(drops)} of {len(tests)} task x model "
+                   f"gold-answer confidence changes are drops with t-test p < 0.05; "
+                   f"{len(kept)} remain{'s' if len(kept) == 1 else ''} after Holm's correction over "
+                   f"all {len(tests)}.")
     return out

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qcal.grid.confidence_study import quartile_claim, study
+from qcal.grid.confidence_study import findings, quartile_claim, study
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +77,9 @@ def test_gold_confidence_tests_are_one_holm_family() -> None:
     assert low["p_holm"] == pytest.approx(min(1.0, 2 * low["p_ttest"]))
     assert high["p_holm"] == pytest.approx(max(low["p_holm"], high["p_ttest"]))
     assert gptq["p_holm"] < 0.05  # the real drop survives the correction
+    assert rtn["p_ttest"] > 0.05  # noise around zero is no drop
+    text = "\n".join(findings(study(cells, ["boolq"])))
+    assert "- **gptq**: of 1 tasks, the loss of gold-answer confidence concentrates in the " \
+           "float model's least confident quartile in 1 (agrees" in text
+    assert "1 of 2 task x model gold-answer confidence changes are drops with t-test p < " \
+           "0.05; 1 remains after Holm's correction over all 2." in text
