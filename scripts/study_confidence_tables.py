@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from qcal.grid.benchmarks import SCORES, benchmark_table, cell_text  # noqa: E402
 from qcal.grid.confidence_study import METRICS, findings, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_tables import grid_heading  # noqa: E402
+from qcal.grid.study_tables import grid_heading, run_script, shown  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
 
@@ -133,8 +133,8 @@ def main() -> None:
                        "### Findings (computed from the tables above)",
                        "\n".join(findings(per_task)) or "(no quantized cells yet)"]
     command = ("python scripts/study_confidence_tables.py "
-               + " ".join(f"--grid {g.relative_to(ROOT)}" for g in grids)
-               + "".join(f" --bench-grid {g.relative_to(ROOT)}" for g in bench_grids))
+               + " ".join(f"--grid {shown(g, ROOT)}" for g in grids)
+               + "".join(f" --bench-grid {shown(g, ROOT)}" for g in bench_grids))
     prov = provenance(command=command)
     intro = ("lm-eval 0.4.13's own task definitions on the offline benchmark data "
              "(`qcal provision --only benchmarks`; sources and licences in "
@@ -155,4 +155,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

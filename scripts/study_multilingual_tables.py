@@ -39,7 +39,7 @@ from qcal.grid.multilingual import (  # noqa: E402
     versus_baseline,
 )
 from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_tables import grid_heading, render_study  # noqa: E402
+from qcal.grid.study_tables import grid_heading, render_study, run_script  # noqa: E402
 from qcal.results import markdown_table  # noqa: E402
 
 
@@ -138,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from qcal.eval.stats import mean_ci_text, verdict  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_tables import grid_heading, render_study  # noqa: E402
+from qcal.grid.study_tables import grid_heading, render_study, run_script  # noqa: E402
 from qcal.grid.zipcal import (  # noqa: E402
     EQUIVALENCE_MARGIN,
     SELECTORS,
@@ -97,4 +97,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -5,24 +5,43 @@ more grids (one per model) with its provenance."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qcal.errors import ConfigError, QcalError
 from qcal.results import provenance, provenance_markdown, write_results
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct (default model)"
+
+
+def shown(path: Path, root: Path) -> str:
+    """`path` relative to the repository `root` where it lies inside it, else absolute (a
+    report rendered from or into a folder elsewhere still names it)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def grid_heading(run: Path, root: Path, spec: dict[str, Any], done: int, missing: list[str],
                  extra: str = "") -> list[str]:
     """The model's heading and a line with the grid's command and how many cells are done
     (PARTIAL and the missing cells, if any); `extra` is appended to that line."""
-    return [f"## {spec.get('model') or DEFAULT_MODEL} (`{run.relative_to(root)}`)",
+    return [f"## {spec.get('model') or DEFAULT_MODEL} (`{shown(run, root)}`)",
             f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
             f"{done} of {done + len(missing)}"
             + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "")
             + extra + "."]
+
+
+def run_script(main: Callable[[], None]) -> None:
+    """Run a study-table script's `main`: bad input (a grid folder that is not one, a grid
+    not run yet) is one line on stderr and exit code 2, not a traceback."""
+    try:
+        main()
+    except QcalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def render_study(root: Path, script: str, description: str, grid_name: str, out_name: str,
@@ -41,12 +60,12 @@ def render_study(root: Path, script: str, description: str, grid_name: str, out_
     sections, data = [], {}
     for run in grids:
         if not (run / "cells").is_dir():
-            raise SystemExit(f"{run} has no cells yet; run its `qcal compare --config` first")
+            raise ConfigError(f"{run} has no cells yet; run its `qcal compare --config` first")
         md, data[run.name] = section(run)
         sections.append(md)
     prov = provenance(command=f"python {script} "
-                      + " ".join(f"--grid {g.relative_to(root)}" for g in grids)
-                      + f" --out {args.out.resolve().relative_to(root)}")
+                      + " ".join(f"--grid {shown(g, root)}" for g in grids)
+                      + f" --out {shown(args.out, root)}")
     md = "\n\n".join([title, provenance_markdown(prov), *intro, *sections, caveat])
     write_results(args.out.resolve(), {"provenance": prov, "grids": data}, md)
     print(f"wrote {args.out}.md")

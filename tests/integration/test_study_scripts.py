@@ -1,0 +1,75 @@
+"""The study-table scripts render from real grid folders and refuse bad ones in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qcal.grid.runner import GridRunner
+from qcal.grid.spec import GridSpec
+from qcal.model.tiny import stdlib_text
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name: str, *args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"study_{name}_tables.py"),
+                           *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+@pytest.mark.parametrize(("name", "grid", "family"), [
+    ("zipcal", "study_zipcal", "selector pairs, multiple comparisons"),
+    ("multilingual", "study_multilingual", "gptq, multiple comparisons"),
+])
+def test_committed_study_grids_render_with_holm(name: str, grid: str, family: str,
+                                                tmp_path: Path) -> None:
+    if not (ROOT / "results" / grid / "cells").is_dir():
+        pytest.skip(f"results/{grid} is not in this checkout")
+    done = _script(name, "--grid", ROOT / "results" / grid, "--out", tmp_path / name)
+    assert done.returncode == 0, done.stderr
+    md = (tmp_path / f"{name}.md").read_text()
+    assert "p (Holm)" in md and family in md
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    # The command names the grid inside the repository and the output outside it as is.
+    assert f"--grid results/{grid} --out {tmp_path / name}" in data["provenance"]["command"]
+
+
+@pytest.mark.parametrize("name", ["zipcal", "multilingual", "confidence"])
+def test_a_folder_without_a_grid_is_one_line_and_exit_2(name: str, tmp_path: Path) -> None:
+    args = ["--grid", tmp_path / "nothing"]
+    args += ["--bench-grid", tmp_path / "nothing"] if name == "confidence" else []
+    done = _script(name, *args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
+    assert "nothing" in done.stderr and "qcal compare" in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    docs = stdlib_text()
+    calib, evaluation = tmp_path / "calib.txt", tmp_path / "eval.txt"
+    calib.write_text("\n\n".join(docs[:120]))
+    evaluation.write_text("\n\n".join(docs[120:160]))
+    spec = GridSpec(name="tiny", model=str(tiny_model_dir), selectors=("random",),
+                    methods=("rtn", "gptq"), group_size=32, source=str(calib), nsamples=4,
+                    seqlen=32, eval_seqlen=32, max_windows=2, eval_text_file=str(evaluation),
+                    tasks=("qcal_nextsent_en",), confidence=True, limit=8, seed=(0, 1))
+    GridRunner(spec, tmp_path / "grid", tmp_path / "work", progress=False).run()
+    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
+                   "--out-confidence", tmp_path / "conf", "--out-benchmarks", tmp_path / "bench")
+    assert done.returncode == 0, done.stderr
+    conf = (tmp_path / "conf.md").read_text()
+    assert "| p (Holm) |" in conf and "| qcal_nextsent_en | gptq | 2 | 8 |" in conf
+    assert "task x model gold-answer confidence changes" in conf
+    bench = (tmp_path / "bench.md").read_text()
+    assert "| qcal_nextsent_en | float | 1 | 8 |" in bench and "| qcal_nextsent_en | gptq | 2 | 8 |" in bench
+    data = json.loads((tmp_path / "conf.json").read_text())
+    drift = data["grids"]["grid"]["tasks"]["qcal_nextsent_en"]["gptq"]["drift"]
+    assert drift["seeds"] == 2 and "p_holm" in drift["conf_true_test"]
