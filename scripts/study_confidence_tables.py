@@ -3,11 +3,13 @@
 
 Reads the cells of the `study_confidence*` grids (one per model; configs/
 study_confidence.yaml, configs/study_confidence_gemma3.yaml) and of the `study_benchmarks*`
-grids (configs/study_benchmarks{,_gemma3}.yaml: every benchmark task, one calibration
-draw) and writes two reports:
-- benchmarks (from the benchmark grids; from the confidence grids when none exists yet):
+grids (configs/study_benchmarks{,_gemma3}.yaml: the benchmark tasks the confidence grids
+do not run, one calibration draw) and writes two reports:
+- benchmarks (from the benchmark grids, plus the tasks they leave to the confidence grid
+  of the same model; from the confidence grids alone when no benchmark grid exists yet):
   lm-eval's own acc, acc_norm and perplexity with stderr and item counts, float and every
-  method, groups with their direct subtasks (qcal.grid.benchmarks);
+  method, groups with their direct subtasks (qcal.grid.benchmarks), and the grid each
+  row comes from;
 - confidence: accuracy, ECE, Brier, NLL and gold-answer confidence of the raw choice
   probabilities (mean ± 95% interval over seeds), the paired drift from the float model
   on the same items, and the per-quartile table that tests the published claim that 4-bit
@@ -30,17 +32,42 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.grid.benchmarks import SCORES, benchmark_table, cell_text  # noqa: E402
+from qcal.grid.benchmarks import SCORES, cell_text, combined_table  # noqa: E402
 from qcal.grid.confidence_study import METRICS, findings, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.study_tables import grid_heading, run_script, shown  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
 
-def benchmark_rows(cells: dict[str, Any], tasks: list[str]) -> list[list[object]]:
+def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[object]]:
+    """Table rows of `combined_table`'s rows; `names[source]` is the grid a row came from."""
     return [[("&nbsp;&nbsp;" * r["depth"]) + r["task"], r["model"], r["seeds"],
              r["items"] if r["items"] is not None else "-",
-             *[cell_text(r, m) for m in SCORES]] for r in benchmark_table(cells, tasks)]
+             *[cell_text(r, m) for m in SCORES], names[r["source"]]] for r in rows]
+
+
+def bench_section(run: Path, conf_grids: list[Path]) -> tuple[list[str], dict[str, Any]]:
+    """One model's benchmark table: the benchmark grid's tasks, then the tasks that the
+    confidence grid of the same model ran and the benchmark grid left to it."""
+    spec, cells, missing = grid_progress(run)
+    sources, names = [(cells, list(spec.get("tasks") or []))], [run.name]
+    head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
+    for conf in conf_grids:
+        if conf == run:
+            continue
+        conf_spec, conf_cells, conf_missing = grid_progress(conf)
+        if conf_spec.get("model") != spec.get("model"):
+            continue
+        sources.append((conf_cells, list(conf_spec.get("tasks") or [])))
+        names.append(conf.name)
+        head.append(f"Tasks only the confidence grid runs come from `{shown(conf, ROOT)}` "
+                    f"(cells finished: {len(conf_cells)} of {len(conf_cells) + len(conf_missing)}"
+                    f"{_limits(conf_spec)}; its calibrated methods have one row per method, "
+                    "the mean over its seeds).")
+    rows = combined_table(sources)
+    table = markdown_table(["task", "model", "seeds", "items", "acc", "acc_norm", "perplexity",
+                            "grid"], benchmark_rows(rows, names))
+    return [*head, table], {"spec": spec, "missing": missing, "grids": names, "rows": rows}
 
 
 def confidence_rows(per_task: dict[str, Any]) -> list[list[object]]:
@@ -103,13 +130,8 @@ def main() -> None:
         g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
     for run in bench_grids or grids:
-        spec, cells, missing = grid_progress(run)
-        tasks = list(spec.get("tasks") or [])
-        bench_data[run.name] = {"spec": spec, "missing": missing,
-                                "rows": benchmark_table(cells, tasks)}
-        bench_parts += [*grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec)),
-                        markdown_table(["task", "model", "seeds", "items", "acc", "acc_norm",
-                                        "perplexity"], benchmark_rows(cells, tasks))]
+        parts, bench_data[run.name] = bench_section(run, grids if bench_grids else [])
+        bench_parts += parts
     for run in grids:
         spec, cells, missing = grid_progress(run)
         per_task = study(cells, list(spec.get("tasks") or []))

@@ -84,6 +84,21 @@ def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[
     return rows
 
 
+def combined_table(sources: list[tuple[dict[str, dict[str, Any]], list[str]]]
+                   ) -> list[dict[str, Any]]:
+    """`benchmark_table` over several grids of one model, each (cells, tasks); a task comes
+    from the first grid that ran it, so no task is scored twice (the benchmark grid leaves
+    the confidence grid's tasks to it, seeds and all). Rows say which source they are from
+    (`source`: its index)."""
+    seen: set[str] = set()
+    rows = []
+    for index, (cells, tasks) in enumerate(sources):
+        own = [t for t in tasks if t not in seen]
+        seen.update(own)
+        rows += [{**row, "source": index} for row in benchmark_table(cells, own)]
+    return rows
+
+
 def cell_text(row: dict[str, Any], metric: str) -> str:
     """'0.4567 ± 0.0123' (± lm-eval's stderr), '-' when the task has no such score."""
     if metric not in row:

@@ -386,3 +386,23 @@ def test_report_has_seed_intervals_and_paired_tests(tiny_model_dir: Path, texts,
     assert pooled["units"] == 6 and pooled["ci_low"] <= pooled["delta"] <= pooled["ci_high"]
     md = (tmp_path / "r" / "report.md").read_text()
     assert "Paired tests: each selector vs random" in md and "95% CI" in md
+
+
+@pytest.mark.parametrize("suffix", ["", "_gemma3"])
+def test_benchmark_and_confidence_grids_cover_the_benchmarks_once(suffix: str) -> None:
+    from qcal.grid import load_grid_config
+
+    configs = Path(__file__).parents[2] / "configs"
+    bench = load_grid_config(configs / f"study_benchmarks{suffix}.yaml")
+    confidence = load_grid_config(configs / f"study_confidence{suffix}.yaml")
+    assert bench.model == confidence.model
+    assert not set(bench.tasks) & set(confidence.tasks)  # no task scored twice
+    required = {"arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq",
+                "openbookqa", "sciq", "copa", "mmlu", "lambada_openai", "multiemo",
+                "qcal_nextsent"}
+    assert required <= set(bench.tasks) | set(confidence.tasks)
+    # The benchmark grid's one draw is the confidence grid's seed 0 (same checkpoints).
+    assert bench.values("seed") == (0,) and 0 in confidence.values("seed")
+    fields = ("selectors", "methods", "source", "nsamples", "seqlen", "bits", "group_size",
+              "desc_act", "allow_ragged_groups")
+    assert {f: getattr(bench, f) for f in fields} == {f: getattr(confidence, f) for f in fields}

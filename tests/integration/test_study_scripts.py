@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,18 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     data = json.loads((tmp_path / "conf.json").read_text())
     drift = data["grids"]["grid"]["tasks"]["qcal_nextsent_en"]["gptq"]["drift"]
     assert drift["seeds"] == 2 and "p_holm" in drift["conf_true_test"]
+
+    # A benchmark grid of the same model that leaves the task to the confidence grid: the
+    # table takes it from there (named in its grid column), scored once.
+    shutil.copytree(tmp_path / "grid", tmp_path / "bench_grid")
+    grid_file = tmp_path / "bench_grid" / "grid.json"
+    saved = json.loads(grid_file.read_text())
+    saved["spec"].update(tasks=[], confidence=False)
+    grid_file.write_text(json.dumps(saved))
+    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid",
+                   tmp_path / "bench_grid", "--out-confidence", tmp_path / "conf2",
+                   "--out-benchmarks", tmp_path / "bench2")
+    assert done.returncode == 0, done.stderr
+    bench = (tmp_path / "bench2.md").read_text()
+    assert "| qcal_nextsent_en | gptq | 2 | 8 |" in bench and "| grid |\n" in bench
+    assert "Tasks only the confidence grid runs come from" in bench

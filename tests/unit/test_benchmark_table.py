@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qcal.grid.benchmarks import benchmark_table, cell_text, items_scored
+from qcal.grid.benchmarks import benchmark_table, cell_text, combined_table, items_scored
 
 pytestmark = pytest.mark.unit
 
@@ -51,3 +51,16 @@ def test_items_fall_back_to_sample_len() -> None:
     assert items_scored("arc_easy", {"arc_easy": {"sample_len": 570}}, {}) == 570
     assert items_scored("mmlu", {}, {"group_subtasks": {"mmlu": ["a", "b"]},
                                      "n_samples": {"a": {"effective": 3}}}) is None
+
+
+def test_combined_table_takes_each_task_from_the_first_grid_that_ran_it() -> None:
+    bench = {"float": _cell(None, 0, 0.0), "random__gptq__s0": _cell("gptq", 0, -0.02)}
+    confidence = {"float": _cell(None, 0, 0.1), "random__gptq__s0": _cell("gptq", 0, 0.0),
+                  "random__gptq__s1": _cell("gptq", 1, 0.02)}
+    rows = combined_table([(bench, ["mmlu"]), (confidence, ["mmlu", "lambada_openai"])])
+    assert {(r["task"], r["source"]) for r in rows if r["depth"] == 0} == {
+        ("mmlu", 0), ("lambada_openai", 1)}
+    mmlu = next(r for r in rows if r["task"] == "mmlu" and r["model"] == "float")
+    assert mmlu["acc"] == pytest.approx(0.5)  # the benchmark grid's, not the confidence grid's
+    lam = next(r for r in rows if r["task"] == "lambada_openai" and r["model"] == "gptq")
+    assert lam["seeds"] == 2 and lam["acc"] == pytest.approx(0.31)
