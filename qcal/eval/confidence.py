@@ -126,14 +126,24 @@ def entropy_bits(probs: np.ndarray) -> np.ndarray:
 
 def stack_probs(lls: Sequence[Sequence[float]], lengths: Sequence[Sequence[float]] | None = None
                 ) -> np.ndarray:
-    """[items, choices] p; every item must have the same number of choices."""
-    widths = {len(x) for x in lls}
-    if len(widths) != 1:
-        raise ConfigError(f"items have different numbers of choices {sorted(widths)}; "
-                          "confidence metrics need one fixed number per task")
+    """[items, most choices] p, each item's softmax over its own choices.
+
+    Items with fewer choices (ARC has 3-, 4- and 5-choice questions) are padded with p = 0
+    after their softmax: a choice that does not exist has no probability, so every metric
+    here (argmax, max p, gold p, entropy, Brier's sum over choices) is exactly that of the
+    item's own choices."""
+    if not lls:
+        return np.zeros((0, 0))
+    if min(len(x) for x in lls) < 1:
+        raise ConfigError("an item has no choices; fix the task's item file")
     if lengths is None:
-        return np.stack([softmax_choices(x) for x in lls])
-    return np.stack([softmax_choices(x, n) for x, n in zip(lls, lengths, strict=True)])
+        rows = [softmax_choices(x) for x in lls]
+    else:
+        rows = [softmax_choices(x, n) for x, n in zip(lls, lengths, strict=True)]
+    out = np.zeros((len(rows), max(len(r) for r in rows)))
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
 
 
 def confidence_metrics(probs: np.ndarray, gold: np.ndarray, n_bins: int = DEFAULT_BINS
@@ -151,7 +161,7 @@ def confidence_metrics(probs: np.ndarray, gold: np.ndarray, n_bins: int = DEFAUL
     conf_true = probs[np.arange(len(gold)), gold]
     return {
         "n": int(len(gold)),
-        "choices": int(probs.shape[1]),
+        "choices": int(probs.shape[1]),  # the most of any item (fewer are zero-padded)
         "acc": float(correct.mean()),
         "conf": float(conf.mean()),
         "conf_true": float(conf_true.mean()),

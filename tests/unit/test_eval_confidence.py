@@ -89,8 +89,8 @@ def test_bad_inputs_raise_clear_errors() -> None:
         cm.confidence_metrics(np.zeros((0, 4)), np.zeros(0, int))
     with pytest.raises(ConfigError, match="gold index"):
         cm.confidence_metrics(np.full((2, 4), 0.25), np.array([0, 4]))
-    with pytest.raises(ConfigError, match="numbers of choices"):
-        cm.stack_probs([[-1.0, -2.0], [-1.0, -2.0, -3.0]])
+    with pytest.raises(ConfigError, match="no choices"):
+        cm.stack_probs([[-1.0, -2.0], []])
     with pytest.raises(ConfigError, match="ece-bins"):
         cm.ece(np.array([0.5]), np.array([1]), n_bins=0)
 
@@ -129,3 +129,25 @@ def test_item_drift_concentration_and_flips() -> None:
 def test_metric_deltas_skip_counts() -> None:
     out = metric_deltas({"acc": 0.5, "n": 10, "ece": 0.1}, {"acc": 0.4, "n": 10, "ece": 0.15})
     assert out == pytest.approx({"acc": -0.1, "ece": 0.05})
+
+
+def test_items_with_different_numbers_of_choices_score_as_their_own_choices() -> None:
+    # ARC mixes 3-, 4- and 5-choice questions: each item is its own softmax, padded with 0.
+    lls = [[-1.0, -2.0, -0.5], [-3.0, -1.0, -2.0, -2.5, -4.0], [-0.2, -0.1, -3.0, -1.0]]
+    gold = np.array([2, 0, 1])
+    probs = cm.stack_probs(lls)
+    assert probs.shape == (3, 5) and np.allclose(probs.sum(axis=1), 1.0)
+    assert probs[0, 3:].tolist() == [0.0, 0.0] and probs[2, 4] == 0.0
+    m = cm.confidence_metrics(probs, gold)
+    own = [cm.softmax_choices(x) for x in lls]
+    assert m["conf_true"] == pytest.approx(np.mean([p[g] for p, g in zip(own, gold, strict=True)]))
+    assert m["acc"] == pytest.approx(np.mean([p.argmax() == g for p, g in zip(own, gold,
+                                                                              strict=True)]))
+    want_brier = np.mean([((p - np.eye(len(p))[g]) ** 2).sum() for p, g in zip(own, gold,
+                                                                               strict=True)])
+    assert m["brier"] == pytest.approx(want_brier)
+    want_entropy = np.mean([-(p * np.log2(p)).sum() for p in own])
+    assert m["entropy"] == pytest.approx(want_entropy)
+    assert m["choices"] == 5
+    normed = cm.stack_probs(lls, [[1, 2, 3], [1, 1, 1, 1, 1], [2, 2, 2, 2]])
+    assert normed.shape == (3, 5) and normed[0, 3] == 0.0
