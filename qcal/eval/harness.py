@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from qcal.config import task_limit_map
-from qcal.errors import QcalError
+from qcal.errors import ConfigError, QcalError
 from qcal.eval.local_tasks import local_task_names, read_items, tasks_dir
 
 
@@ -197,12 +197,15 @@ def run_tasks(
     model: nn.Module | Any, tokenizer: Any, tasks: Sequence[str], tm: Any, batch_size: int = 16,
     limit: int | None = None, num_fewshot: int | None = None, desc: str = "",
     share_contexts: bool = True, task_limits: Mapping[str, int] | None = None,
+    score_store: Any = None,
 ) -> HarnessRun:
     """lm_eval.simple_evaluate on `model` (in memory, or an lm-eval LM such as `vllm_lm`);
     items kept per task. An in-memory model is scored by lm-eval's HFLM, with the choices of
     an item sharing one context pass unless `share_contexts` is off
     (`qcal.eval.shared_context`: the same requests and metrics, a fraction of the work).
-    `task_limits` overrides `limit` per task: tasks are run in one lm-eval call per limit."""
+    `task_limits` overrides `limit` per task: tasks are run in one lm-eval call per limit.
+    `score_store` (`qcal.eval.score_store.ScoreStore`, shared-context scoring only) keeps
+    every score as it is computed, so an interrupted run resumes."""
     offline_env()
     if share_contexts:
         from qcal.eval.shared_context import SharedContextHFLM as HFLM
@@ -211,9 +214,12 @@ def run_tasks(
 
     if desc:
         print(f"lm-eval [{desc}]: {', '.join(tasks)}", flush=True)
+    if score_store is not None and not (share_contexts and isinstance(model, nn.Module)):
+        raise ConfigError("a score store needs an in-memory model and shared-context scoring")
+    extra = {"score_store": score_store} if score_store is not None else {}
     lm = model if not isinstance(model, nn.Module) else HFLM(
         pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
-        device=str(next(model.parameters()).device))
+        device=str(next(model.parameters()).device), **extra)
     limits = task_limit_map(tasks, limit, task_limits or {})
     items: dict[str, list[ItemRecord]] = {}
     metrics: dict[str, dict[str, Any]] = {}

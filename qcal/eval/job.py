@@ -147,8 +147,12 @@ def run_evaluation(
     model: str | Path | None, cfg: EvalConfig, base: str | Path | None = None,
     text_file: Path | None = None, include_paths: Sequence[Path | str] = (), progress: bool = True,
     trust_remote_code: bool = False, device: str = "auto", backend: str = "hf",
+    score_file: Path | None = None,
 ) -> EvalOutcome:
-    """Measure `model` (float dir or qcal checkpoint), and its drift from `base` if given."""
+    """Measure `model` (float dir or qcal checkpoint), and its drift from `base` if given.
+
+    `score_file` keeps the model's lm-eval scores as they are computed
+    (`qcal.eval.score_store`), so a run interrupted mid-way resumes from there."""
     from qcal.devices import resolve_device
     from qcal.model.loading import load_model, resolve_model_dir
 
@@ -190,11 +194,19 @@ def run_evaluation(
 
         lm_metrics: dict[str, dict[str, Any]] = {}
         lm_info: dict[str, Any] = {}
+        store = None
+        if score_file is not None:
+            from qcal.eval.score_store import ScoreStore, model_identity
+
+            store = ScoreStore(score_file, {"model": model_identity(model_dir),
+                                            "device": str(device),
+                                            "dtype": str(next(net.parameters()).dtype)})
         for role, m in (("model", net), ("base", base_net)):
             if m is None:
                 continue
             run = run_tasks(m, tok, tasks, tm, cfg.task_batch_size, cfg.limit, cfg.num_fewshot,
-                            desc=role, task_limits=dict(cfg.task_limits))
+                            desc=role, task_limits=dict(cfg.task_limits),
+                            score_store=store if role == "model" else None)
             lm_metrics[role], items[role], lm_info = run.metrics, run.items, run.info
         data["lm_eval"] = {"tasks": tasks, "results": lm_metrics, "info": lm_info}
         if base_net is not None:

@@ -36,28 +36,56 @@ import torch.nn.functional as F
 from lm_eval.models.huggingface import HFLM
 from tqdm.auto import tqdm
 
+from qcal.eval.score_store import request_key
+
 Request = tuple[tuple[str, str], list[int], list[int]]
 
 
 class SharedContextHFLM(HFLM):
-    """`HFLM` whose log-likelihood requests share each context's forward pass."""
+    """`HFLM` whose log-likelihood requests share each context's forward pass; with a
+    `score_store` (`qcal.eval.score_store.ScoreStore`) each score is saved as it is
+    computed and a request already in the store is not computed again."""
+
+    def __init__(self, *args: Any, score_store: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.score_store = score_store
 
     def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
                               override_bs: int | None = None) -> list[tuple[float, bool]]:
         if self.backend != "causal":
             return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
+        store = self.score_store
+        keys = [request_key(ctx, cont) for _, ctx, cont in requests] if store else []
+        answers: list[tuple[float, bool] | None] = (
+            [store.get(k) for k in keys] if store else [None] * len(requests))
+
+        def done(index: int, answer: tuple[float, bool]) -> None:
+            answers[index] = answer
+            if store is not None:
+                store.add(keys[index], answer)
+            if requests[index][0] is not None:
+                self.cache_hook.add_partial("loglikelihood", requests[index][0], answer)
+
+        todo = [i for i, a in enumerate(answers) if a is None]
         by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        for index, (_, context, continuation) in enumerate(requests):
+        for index in todo:
+            _, context, continuation = requests[index]
             if context and continuation and len(context) + len(continuation) <= self.max_length + 1:
                 by_context[tuple(context)].append(index)
         shared = {ctx: idx for ctx, idx in by_context.items() if len(idx) > 1}
         in_shared = {i for idx in shared.values() for i in idx}
-        answers: list[tuple[float, bool] | None] = [None] * len(requests)
-        rest = [i for i in range(len(requests)) if i not in in_shared]
-        if rest:
-            for i, answer in zip(rest, super()._loglikelihood_tokens(
-                    [requests[i] for i in rest], disable_tqdm, override_bs), strict=True):
-                answers[i] = answer
+        rest = [i for i in todo if i not in in_shared]
+        # lm-eval's own path, in slices so that a store keeps what each slice computed.
+        step = REST_SLICE if store is not None else max(len(rest), 1)
+        for start in range(0, len(rest), step):
+            part = rest[start:start + step]
+            for i, answer in zip(part, super()._loglikelihood_tokens(
+                    [requests[i] for i in part], disable_tqdm, override_bs), strict=True):
+                answers[i] = answer  # HFLM has told lm-eval's cache hook itself
+                if store is not None:
+                    store.add(keys[i], answer)
+            if store is not None:
+                store.flush()
         bar = tqdm(total=len(in_shared), disable=disable_tqdm or self.rank != 0,
                    desc="Scoring shared-context requests")
         # Contexts of one length batch without padding (so nothing changes what a token
@@ -72,10 +100,10 @@ class SharedContextHFLM(HFLM):
                 groups = [[requests[i][2] for i in shared[c]] for c in chunk]
                 for context, scored in zip(chunk, self._score_groups(chunk, groups), strict=True):
                     for i, answer in zip(shared[context], scored, strict=True):
-                        answers[i] = answer
-                        if requests[i][0] is not None:
-                            self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
+                        done(i, answer)
                     bar.update(len(shared[context]))
+                if store is not None:
+                    store.flush()
         bar.close()
         return [a for a in answers if a is not None]
 
@@ -138,6 +166,9 @@ class SharedContextHFLM(HFLM):
 # Cache rows x context tokens one batch may copy, per unit of batch size: with the default
 # batch of 16, 16 rows of 1,024 tokens (a few hundred MB of keys and values for a small model).
 TOKENS_PER_ROW = 1024
+# Requests per call of lm-eval's own path when a score store keeps the results: a kill
+# loses at most one slice.
+REST_SLICE = 512
 
 
 def _chunks(contexts: list[tuple[int, ...]], size: int, length: int,

@@ -156,11 +156,17 @@ class GridRunner:
             record["calibration"] = log.get("calibration")
         text_file = Path(self.spec.eval_text_file) if self.spec.eval_text_file else None
         outcome = run_evaluation(target, self.spec.eval_config(), text_file=text_file,
-                                 progress=self.progress, device=self.device)
+                                 progress=self.progress, device=self.device,
+                                 score_file=self.score_file(cell))
         record["eval"] = outcome.data
         record["items"] = {task: [dataclasses.asdict(it) for it in its]
                            for task, its in outcome.items.get("model", {}).items()}
         return record
+
+    def score_file(self, cell: Cell) -> Path:
+        """Where a cell's lm-eval scores are kept while it runs: a cell killed during its
+        evaluation resumes its scoring from there (removed once the cell is recorded)."""
+        return self.work_root / "scores" / f"{cell.key}.jsonl"
 
     def _quantize(self, recipe: Any) -> dict[str, Any]:
         """The cell's checkpoint through `run_recipe`: reused when this exact recipe made it,
@@ -227,6 +233,7 @@ class GridRunner:
     def _record(self, cell: Cell, record: dict[str, Any]) -> None:
         record["provenance"] = provenance()
         atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
+        self.score_file(cell).unlink(missing_ok=True)  # its scores are in the record now
 
     def _run_parallel(self, todo: list[Cell], bar: Any) -> None:
         for cell in todo:  # build every calibration set once, here (the cache dedups)

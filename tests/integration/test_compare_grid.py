@@ -216,6 +216,9 @@ def test_grid_with_task_and_calibration_reports_drift(tiny_model_dir: Path, text
     cells = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
     assert sorted(cells) == ["float", "none__rtn"]
     assert len(cells["none__rtn"]["items"]["qcal_nextsent_en"]) == 6
+    # Scores were kept while each cell ran and removed once it was recorded.
+    assert (tmp_path / "w" / "scores").is_dir()
+    assert not list((tmp_path / "w" / "scores").iterdir())
     report = render_report(tmp_path / "r")
     md = (tmp_path / "r" / "report.md").read_text()
     assert (tmp_path / "r" / "drift.png").is_file()

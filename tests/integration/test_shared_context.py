@@ -99,6 +99,33 @@ def test_a_model_without_logits_to_keep_scores_the_same(tiny_model_dir: Path) ->
         assert greedy_got == greedy_want
 
 
+def test_a_score_store_resumes_an_interrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from qcal.eval.score_store import ScoreStore, request_key
+
+    _, shared = _lms(tiny_model_dir)
+    requests = _requests(shared.model.config.vocab_size, shared.max_length)
+    want = shared._loglikelihood_tokens(requests, disable_tqdm=True)
+    identity = {"model": "tiny", "device": "cpu", "dtype": "torch.float32"}
+    path = tmp_path / "scores.jsonl"
+    # An interrupted run: it scored the first half of the requests before it was killed.
+    first = requests[: len(requests) // 2]
+    shared.score_store = ScoreStore(path, identity)
+    shared._loglikelihood_tokens(first, disable_tqdm=True)
+
+    store = ScoreStore(path, identity)  # the next run reads what the first one kept
+    added: list[str] = []
+    real_add = store.add
+    store.add = lambda key, answer: (added.append(key), real_add(key, answer))[1]
+    shared.score_store = store
+    got = shared._loglikelihood_tokens(requests, disable_tqdm=True)
+    kept = {request_key(ctx, cont) for _, ctx, cont in first}
+    assert sorted(added) == sorted({request_key(c, k) for _, c, k in requests} - kept)
+    for (ll_got, greedy_got), (ll_want, greedy_want) in zip(got, want, strict=True):
+        assert ll_got == pytest.approx(ll_want, abs=2e-4) and greedy_got == greedy_want
+    added.clear()
+    assert shared._loglikelihood_tokens(requests, disable_tqdm=True) == got and not added
+
+
 def test_tasks_give_lm_eval_items_and_metrics(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
