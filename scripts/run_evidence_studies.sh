@@ -15,8 +15,11 @@ cd "$(dirname "$0")/.."
 QCAL=${QCAL:-.venv/bin/qcal}
 PY=${PY:-.venv/bin/python}
 STUDIES=${STUDIES:-"study_multilingual study_zipcal study_confidence study_benchmarks study_multilingual_gemma3 study_zipcal_gemma3 study_confidence_gemma3 study_benchmarks_gemma3"}
+# A grid that fails (its error is in the log) does not hold up the others; the tables are
+# still rendered from what exists, and the exit status says that something failed.
+failed=""
 for grid in $STUDIES; do
-  "$QCAL" compare --config "configs/$grid.yaml" "$@"
+  "$QCAL" compare --config "configs/$grid.yaml" "$@" || failed="$failed $grid"
 done
 grids() { for g in "results/$1" "results/$1_gemma3"; do if [ -d "$g/cells" ]; then printf -- '--%s %s ' "${2:-grid}" "$g"; fi; done; }
 # shellcheck disable=SC2046
@@ -25,3 +28,7 @@ grids() { for g in "results/$1" "results/$1_gemma3"; do if [ -d "$g/cells" ]; th
 "$PY" scripts/study_zipcal_tables.py $(grids study_zipcal)
 # shellcheck disable=SC2046
 "$PY" scripts/study_confidence_tables.py $(grids study_confidence) $(grids study_benchmarks bench-grid)
+if [ -n "$failed" ]; then
+  echo "run_evidence_studies: these grids stopped with an error:$failed" >&2
+  exit 1
+fi
