@@ -27,6 +27,7 @@ lm-eval's up to floating-point rounding of the different batch shapes
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -67,6 +68,10 @@ class SharedContextHFLM(HFLM):
                 self.cache_hook.add_partial("loglikelihood", requests[index][0], answer)
 
         todo = [i for i, a in enumerate(answers) if a is None]
+        if store is not None and len(todo) < len(requests) and self.rank == 0:
+            print(f"lm-eval scores: {len(requests) - len(todo)} of {len(requests)} requests "
+                  f"already scored in {store.path}; scoring the other {len(todo)}",
+                  file=sys.stderr, flush=True)
         by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for index in todo:
             _, context, continuation = requests[index]

@@ -99,7 +99,8 @@ def test_a_model_without_logits_to_keep_scores_the_same(tiny_model_dir: Path) ->
         assert greedy_got == greedy_want
 
 
-def test_a_score_store_resumes_an_interrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_score_store_resumes_an_interrupted_run(tiny_model_dir: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
     from qcal.eval.score_store import ScoreStore, request_key
 
     _, shared = _lms(tiny_model_dir)
@@ -119,6 +120,7 @@ def test_a_score_store_resumes_an_interrupted_run(tiny_model_dir: Path, tmp_path
     shared.score_store = store
     got = shared._loglikelihood_tokens(requests, disable_tqdm=True)
     kept = {request_key(ctx, cont) for _, ctx, cont in first}
+    assert f"{len(first)} of {len(requests)} requests already scored" in capsys.readouterr().err
     assert sorted(added) == sorted({request_key(c, k) for _, c, k in requests} - kept)
     for (ll_got, greedy_got), (ll_want, greedy_want) in zip(got, want, strict=True):
         assert ll_got == pytest.approx(ll_want, abs=2e-4) and greedy_got == greedy_want
