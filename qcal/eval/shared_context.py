@@ -19,6 +19,8 @@ reads. `SharedContextHFLM` changes only how those requests are computed:
 
 Everything else, including requests whose context no other request shares, requests lm-eval
 would truncate from the left and rolling log-likelihoods, goes through `HFLM` unchanged.
+With a score store (`qcal.eval.score_store`), every score is kept on disk as it is
+computed and requests already there are not computed again: an interrupted run resumes.
 The tasks, requests, metrics and the answers' order are lm-eval's: the numbers equal
 lm-eval's up to floating-point rounding of the different batch shapes
 (tests/integration/test_shared_context.py compares them request by request).
