@@ -13,13 +13,16 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from qcal.config import task_limit_map
 from qcal.errors import ConfigError, QcalError
 from qcal.eval.local_tasks import local_task_names, read_items, tasks_dir
+
+if TYPE_CHECKING:
+    from qcal.eval.score_store import ScoreStore
 
 
 class TaskError(QcalError, ValueError):
@@ -197,7 +200,7 @@ def run_tasks(
     model: nn.Module | Any, tokenizer: Any, tasks: Sequence[str], tm: Any, batch_size: int = 16,
     limit: int | None = None, num_fewshot: int | None = None, desc: str = "",
     share_contexts: bool = True, task_limits: Mapping[str, int] | None = None,
-    score_store: Any = None,
+    score_store: ScoreStore | None = None,
 ) -> HarnessRun:
     """lm_eval.simple_evaluate on `model` (in memory, or an lm-eval LM such as `vllm_lm`);
     items kept per task. An in-memory model is scored by lm-eval's HFLM, with the choices of

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from lm_eval.models.huggingface import HFLM
 from tqdm.auto import tqdm
 
-from qcal.eval.score_store import request_key
+from qcal.eval.score_store import ScoreStore, request_key
 
 Request = tuple[tuple[str, str], list[int], list[int]]
 
@@ -49,7 +49,7 @@ class SharedContextHFLM(HFLM):
     `score_store` (`qcal.eval.score_store.ScoreStore`) each score is saved as it is
     computed and a request already in the store is not computed again."""
 
-    def __init__(self, *args: Any, score_store: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, score_store: ScoreStore | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.score_store = score_store
 
