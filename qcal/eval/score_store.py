@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from qcal.cache import fingerprint
 from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_text
 
@@ -28,15 +29,14 @@ FORMAT = "qcal-scores/1"
 def model_identity(model_dir: Path) -> str:
     """A fingerprint of a model directory's files (names, sizes, modification times): a
     rebuilt checkpoint gets a new one, so scores of the old one are never reused."""
-    h = hashlib.sha256()
-    for path in sorted(Path(model_dir).iterdir()):
-        if path.is_file():
-            stat = path.stat()
-            h.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:24]
+    files = [(path.name, path.stat().st_size, path.stat().st_mtime_ns)
+             for path in sorted(Path(model_dir).iterdir()) if path.is_file()]
+    return fingerprint("model files", files)[:24]
 
 
 def request_key(context: Sequence[int], continuation: Sequence[int]) -> str:
+    # Plain sha256 of the token lists rather than qcal.cache.fingerprint, whose per-value
+    # canonicalisation would cost seconds over tens of thousands of requests.
     return hashlib.sha256(json.dumps([list(context), list(continuation)]).encode()).hexdigest()[:32]
 
 

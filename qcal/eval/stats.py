@@ -19,7 +19,7 @@ Pure functions of numbers: no model, no files.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -177,10 +177,11 @@ def test_p(test: dict[str, Any]) -> float:
     return float(test["p"] if "p" in test else test["p_bootstrap"])
 
 
-def with_holm(tests: Sequence[dict[str, Any]], alpha: float = 1 - LEVEL
-              ) -> list[dict[str, Any]]:
-    """Copies of `tests` (one family) with `p_holm` and `significant_holm` (p_holm < alpha)."""
-    adjusted = holm_adjust([test_p(t) for t in tests])
+def with_holm(tests: Sequence[dict[str, Any]], alpha: float = 1 - LEVEL,
+              p_of: Callable[[dict[str, Any]], float] = test_p) -> list[dict[str, Any]]:
+    """Copies of `tests` (one family) with `p_holm` and `significant_holm` (p_holm < alpha);
+    `p_of` picks the p-value each test is adjusted on (default: `test_p`)."""
+    adjusted = holm_adjust([p_of(t) for t in tests])
     return [{**t, "p_holm": q, "significant_holm": bool(q < alpha)}
             for t, q in zip(tests, adjusted, strict=True)]
 

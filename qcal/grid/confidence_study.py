@@ -22,7 +22,7 @@ import numpy as np
 
 from qcal.eval.confidence import confidence_metrics
 from qcal.eval.drift import item_drift
-from qcal.eval.stats import holm_adjust, mean_ci, paired_mean_test
+from qcal.eval.stats import mean_ci, paired_mean_test, with_holm
 from qcal.grid.evidence import model_lm_eval, seed_sorted
 from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
@@ -124,11 +124,11 @@ def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
                 entry["drift"] = {**drift, "claim": quartile_claim(drift)}
             per_method[method] = entry
         out[task] = per_method
-    tests = [entry["drift"]["conf_true_test"] for per_method in out.values()
-             for entry in per_method.values() if "drift" in entry
-             and entry["drift"]["conf_true_test"]["p_ttest"] is not None]
-    for test, p_holm in zip(tests, holm_adjust([t["p_ttest"] for t in tests]), strict=True):
-        test["p_holm"] = p_holm
+    drifts = [entry["drift"] for per_method in out.values() for entry in per_method.values()
+              if "drift" in entry and entry["drift"]["conf_true_test"]["p_ttest"] is not None]
+    adjusted = with_holm([d["conf_true_test"] for d in drifts], p_of=lambda t: t["p_ttest"])
+    for drift, test in zip(drifts, adjusted, strict=True):
+        drift["conf_true_test"] = test
     return out
 
 
@@ -153,7 +153,7 @@ def findings(per_task: dict[str, Any]) -> list[str]:
     tests = [entry["drift"]["conf_true_test"] for pm in per_task.values()
              for entry in pm.values() if "p_holm" in entry.get("drift", {}).get("conf_true_test", {})]
     drops = [t for t in tests if t["delta"] < 0 and t["p_ttest"] < 0.05]
-    kept = [t for t in drops if t["p_holm"] < 0.05]
+    kept = [t for t in drops if t["significant_holm"]]
     if tests:
         out.append(f"- **multiple comparisons**: {len(drops)} of {len(tests)} task x model "
                    f"gold-answer confidence changes are drops with t-test p < 0.05; "

@@ -111,13 +111,8 @@ def holm_method_family(vs_en: list[dict[str, Any]], matched: list[dict[str, Any]
                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """The three kinds of test of one method as one Holm family (every test gets `p_holm`
     and `significant_holm`), returned in the shapes they came in."""
-    flat = [t for m in matched for t in m["tests"]]
-    vs_en, vs_rtn, flat = holm_families(vs_en, vs_rtn, flat)
-    out, start = [], 0
-    for m in matched:
-        out.append({**m, "tests": flat[start:start + len(m["tests"])]})
-        start += len(m["tests"])
-    return vs_en, out, vs_rtn
+    vs_en, vs_rtn, *per_lang = holm_families(vs_en, vs_rtn, *[m["tests"] for m in matched])
+    return vs_en, [{**m, "tests": t} for m, t in zip(matched, per_lang, strict=True)], vs_rtn
 
 
 def test_name(test: dict[str, Any]) -> str:

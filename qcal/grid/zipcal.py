@@ -138,9 +138,10 @@ def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
             ref = [s for recs in (groups or {}).values() for r in recs
                    if (s := ((r.get("calibration") or {}).get("selection") or {})
                        .get("reference_load_seconds")) is not None]
-            span = f"{min(ref or [0]):.2g}" + (f"-{max(ref):.2g}" if ref and max(ref) > min(ref)
-                                                else "")
-            ref_text = f"; loading the reference model took {span} s of that" if ref else ""
+            ref_text = ""
+            if ref:
+                span = f"{min(ref):.2g}" + (f"-{max(ref):.2g}" if max(ref) > min(ref) else "")
+                ref_text = f"; loading the reference model took {span} s of that"
             out.append("- **cost**: perplexity-based selection took longer than zipf by "
                        + ", ".join(ratios) + f" (selection seconds in the calibration manifests{load}"
                        f"{ref_text}).")
