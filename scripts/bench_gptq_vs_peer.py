@@ -201,7 +201,9 @@ def _peer_version(python: str) -> str:
              "print(f'gptqmodel {gptqmodel.__version__}, optimum {o.__version__}, "
              "torch {torch.__version__}, transformers {transformers.__version__}')")
     try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
+        # cwd="/": with `-c` a checkout's kernels/ folder would shadow the peer's `kernels`.
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300,
+                             cwd="/")
         return out.stdout.strip().splitlines()[-1] if out.returncode == 0 else out.stderr[-500:]
     except (OSError, subprocess.TimeoutExpired, IndexError) as err:
         return f"unavailable: {err}"

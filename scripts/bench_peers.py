@@ -51,7 +51,7 @@ AUTOAWQ_PINS = ["torch==2.13.0", "transformers==4.51.3", "autoawq==0.2.9"]
 
 def ensure_autoawq(venv: Path) -> Path:
     python = venv / "bin" / "python"
-    if not (python.exists() and subprocess.run([str(python), "-c", "import awq"],
+    if not (python.exists() and subprocess.run([str(python), "-c", "import awq"], cwd="/",
                                                capture_output=True).returncode == 0):
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", *AUTOAWQ_PINS], check=True)
@@ -77,7 +77,9 @@ def baseline_source(rev: str, dest: Path) -> Path:
 
 
 def peer_version(python: Path, probe: str) -> str:
-    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    # cwd="/": `-c` puts the working directory on sys.path, and a checkout's kernels/ folder
+    # would shadow the `kernels` package the peers' transformers imports.
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd="/")
     # Peers print banners on import; the probe's own line is the last one.
     lines = (out.stdout if out.returncode == 0 else out.stderr).strip().splitlines()
     return lines[-1][:300] if lines else f"probe exited {out.returncode}"
