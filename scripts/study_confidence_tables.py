@@ -12,9 +12,10 @@ do not run, one calibration draw) and writes two reports:
   row comes from;
 - confidence: accuracy, ECE, Brier, NLL and gold-answer confidence of the raw choice
   probabilities (mean ± 95% interval over seeds), the paired drift from the float model
-  on the same items, and the per-quartile table that tests the published claim that 4-bit
-  GPTQ lowers confidence on the gold answer mostly where the float model was unsure
-  (qcal.grid.confidence_study).
+  on the same items, the per-quartile table, and the test of the published claim that 4-bit
+  GPTQ lowers confidence on the gold answer mostly where the float model was unsure (least
+  confident quartile vs the rest, on probabilities and on log-odds;
+  qcal.grid.confidence_study).
 A grid that is not finished is rendered from the cells it has and says which are missing.
 
     python scripts/study_confidence_tables.py [--grid results/study_confidence ...]
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from qcal.grid.benchmarks import SCORES, cell_text, combined_table  # noqa: E402
-from qcal.grid.confidence_study import METRICS, findings, study  # noqa: E402
+from qcal.grid.confidence_study import METRICS, SCALES, findings, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.study_tables import grid_heading, run_script, shown  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
@@ -86,8 +87,10 @@ def _ci4(ci: dict[str, Any]) -> str:
     return f"{ci['mean']:.4f} ± {ci['half_width']:.4f}"
 
 
-def drift_rows(per_task: dict[str, Any]) -> tuple[list[list[object]], list[list[object]]]:
-    drift, quartiles = [], []
+def drift_rows(per_task: dict[str, Any]
+               ) -> tuple[list[list[object]], list[list[object]], list[list[object]]]:
+    """Rows of the drift, per-quartile and unsure-vs-rest contrast tables."""
+    drift, quartiles, contrasts = [], [], []
     for task, per_method in per_task.items():
         for method, entry in per_method.items():
             d = entry.get("drift")
@@ -99,7 +102,7 @@ def drift_rows(per_task: dict[str, Any]) -> tuple[list[list[object]], list[list[
                           f"{conf['delta']:+.4f} [{conf['ci_low']:+.4f}, {conf['ci_high']:+.4f}]",
                           "-" if conf["p_ttest"] is None else f"{conf['p_ttest']:.3g}",
                           f"{conf['p_holm']:.3g}" if "p_holm" in conf else "-",
-                          f"{d['drift']['flip_rate']:.3f}", d["claim"]])
+                          f"{d['drift']['flip_rate']:.3f}", d["claim"], d["claim_log_odds"]])
             for q, test in zip(d["drift"]["by_base_conf_quantile"], d["quartile_tests"],
                                strict=True):
                 lo, hi = q["base_conf_true_range"]
@@ -107,8 +110,20 @@ def drift_rows(per_task: dict[str, Any]) -> tuple[list[list[object]], list[list[
                                   f"{q['base_conf_true']:.4f}", f"{q['delta_conf_true']:+.4f}",
                                   "-" if test is None or test["p_ttest"] is None
                                   else f"{test['p_ttest']:.3g}",
+                                  f"{q['delta_log_odds_true']:+.3f}",
                                   f"{q['share_of_loss']:.2f}", f"{q['flip_rate']:.3f}"])
-    return drift, quartiles
+            for scale, label in SCALES.items():
+                t = d["unsure_vs_rest"].get(scale)
+                if t is None:
+                    continue
+                contrasts.append([task, method, label,
+                                  f"{t['mean_a']:+.4f}", f"{t['mean_b']:+.4f}",
+                                  f"{t['delta']:+.4f} [{t['ci_low']:+.4f}, {t['ci_high']:+.4f}]",
+                                  "-" if t["p_ttest"] is None else f"{t['p_ttest']:.3g}",
+                                  f"{t['p_holm']:.3g}" if "p_holm" in t else "-",
+                                  "-" if t["effect_d"] is None else f"{t['effect_d']:+.2f}",
+                                  d["claim" if scale == "p" else "claim_log_odds"]])
+    return drift, quartiles, contrasts
 
 
 def _limits(spec: dict[str, Any]) -> str:
@@ -137,7 +152,7 @@ def main() -> None:
         per_task = study(cells, list(spec.get("tasks") or []))
         data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
         head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
-        drift, quartiles = drift_rows(per_task)
+        drift, quartiles, contrasts = drift_rows(per_task)
         conf_parts += [*head,
                        "### Calibration of the raw choice probabilities (mean ± 95% CI over seeds)",
                        markdown_table(["task", "model", *METRICS], confidence_rows(per_task)),
@@ -145,13 +160,27 @@ def main() -> None:
                        "Δ = model - float, per item, the model's probabilities averaged over its "
                        "seeds; [95% paired-bootstrap CI]; p: paired t-test on gold-answer "
                        "confidence, p (Holm): adjusted over every task and model of this "
-                       "table; flips: share of items whose predicted answer changed.",
+                       "table; flips: share of items whose predicted answer changed; claim: "
+                       "the verdict on the published claim from the contrast below, on "
+                       "probabilities and on log-odds.",
                        markdown_table(["task", "model", "seeds", "items", "Δacc", "Δconf_true",
-                                       "p", "p (Holm)", "flips", "claim"], drift),
+                                       "p", "p (Holm)", "flips", "claim (p)",
+                                       "claim (log-odds)"], drift),
                        "### By quartile of the float model's gold-answer confidence",
+                       "p: paired t-test of the quartile's Δconf_true; Δlog-odds: mean change "
+                       "of the gold answer's log-odds, log p / (1 - p).",
                        markdown_table(["task", "model", "quartile", "float conf_true range",
-                                       "items", "float conf_true", "Δconf_true", "p",
+                                       "items", "float conf_true", "Δconf_true", "p", "Δlog-odds",
                                        "share of loss", "flips"], quartiles),
+                       "### The claim as a test: least confident quartile vs the other three",
+                       "Mean change of the float model's least confident quartile (Q1) and of "
+                       "the other three (Q2-4), their difference [95% bootstrap CI], Welch's "
+                       "t-test, Holm over every task and model per scale, Cohen's d. The claim "
+                       "agrees when Q1 loses significantly more after Holm (and the overall "
+                       "drop is significant after Holm), disagrees when it loses significantly "
+                       "less.",
+                       markdown_table(["task", "model", "scale", "Δ Q1", "Δ Q2-4", "Q1 - rest",
+                                       "p", "p (Holm)", "d", "verdict"], contrasts),
                        "### Findings (computed from the tables above)",
                        "\n".join(findings(per_task)) or "(no quantized cells yet)"]
     command = ("python scripts/study_confidence_tables.py "

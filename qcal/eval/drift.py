@@ -4,6 +4,12 @@ The question behind it (METHODS.md): does quantization lower the confidence on t
 answer, and mostly on items where the float model was already unsure? Items are split
 into equal-count quantiles of the *base* model's gold-answer probability, and each
 quantile reports the mean change, so "where it concentrates" is read off directly.
+
+Probabilities are bounded: an item the base model gives p = 0.01 can hardly lose, one at
+p = 0.99 can hardly gain, so even a perturbation that is symmetric in the model's scores
+moves the unsure quantiles up and the sure ones down. Each group therefore also reports the
+change in the gold answer's log-odds, log p / (1 - p), which has no floor or ceiling: the
+scale on which "mostly where it was unsure" can be told apart from that artefact.
 """
 
 from __future__ import annotations
@@ -28,6 +34,20 @@ def metric_deltas(base: dict[str, Any], model: dict[str, Any]) -> dict[str, floa
     return out
 
 
+LOG_ODDS_FLOOR = 1e-12  # keeps an item whose other choices underflowed to p = 0 finite
+
+
+def gold_log_odds(probs: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Per item log(p_gold / p_other choices), the other choices summed as they are (not as
+    1 - p_gold, which loses every digit once p_gold is near 1)."""
+    probs, gold = np.asarray(probs, np.float64), np.asarray(gold, np.int64)
+    rows = np.arange(len(gold))
+    others = probs.copy()
+    others[rows, gold] = 0.0
+    return (np.log(np.maximum(probs[rows, gold], LOG_ODDS_FLOOR))
+            - np.log(np.maximum(others.sum(1), LOG_ODDS_FLOOR)))
+
+
 def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray,
                quantiles: int = 4) -> dict[str, Any]:
     """Per-item conf_true change, answer flips, and their concentration by base confidence."""
@@ -41,6 +61,7 @@ def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray
     rows = np.arange(len(gold))
     ct_b, ct_m = bp[rows, gold], mp[rows, gold]
     delta = ct_m - ct_b
+    delta_log_odds = gold_log_odds(mp, gold) - gold_log_odds(bp, gold)
     pred_b, pred_m = bp.argmax(1), mp.argmax(1)
     flips = pred_b != pred_m
     corr_b, corr_m = pred_b == gold, pred_m == gold
@@ -56,6 +77,7 @@ def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray
             "base_conf_true": float(ct_b[mask].mean()),
             "model_conf_true": float(ct_m[mask].mean()),
             "delta_conf_true": float(delta[mask].mean()),
+            "delta_log_odds_true": float(delta_log_odds[mask].mean()),
             "mean_abs_delta": float(np.abs(delta[mask]).mean()),
             "frac_decreased": float((delta[mask] < 0).mean()),
             "flip_rate": float(flips[mask].mean()),
@@ -81,6 +103,7 @@ def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray
         "flips_to_correct": int((~corr_b & corr_m).sum()),
         "flips_to_wrong": int((corr_b & ~corr_m).sum()),
         "delta_conf_true": float(delta.mean()),
+        "delta_log_odds_true": float(delta_log_odds.mean()),
         "frac_decreased": float((delta < 0).mean()),
         "ttest_conf_true": test,
         "by_base_conf_quantile": by_quantile,

@@ -9,6 +9,8 @@ paired tests between two settings scored on the same evaluation units.
   draws (seeds): a bootstrap over windows (paired) and over each side's seeds.
 - `paired_mean_test`: the same for per-item values (accuracy as 0/1, gold-answer
   confidence), plus the paired t-test.
+- `two_sample_mean_test`: mean(a) - mean(b) for two disjoint groups of items (Welch's
+  t-test, independent bootstrap), e.g. one quartile of items against the others.
 - `holm_adjust` / `with_holm`: a report runs many tests, and some of them come out
   "significant" by chance; Holm's step-down adjustment controls the chance of any false
   positive over a report's family of tests (no assumption on how they depend on each other).
@@ -153,6 +155,32 @@ def paired_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAU
             "ci_low": float(lo), "ci_high": float(hi), "p_bootstrap": _bootstrap_p(boot, delta),
             "p_ttest": float(t.pvalue) if t is not None else None,
             "effect_dz": cohens_dz(diff), "units": int(diff.size),
+            "significant": bool(lo > 0 or hi < 0)}
+
+
+def two_sample_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAULT_BOOTSTRAP,
+                         seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
+    """Difference of the means of two disjoint groups: Welch's t-test (unequal variances,
+    unequal sizes) and a bootstrap interval that resamples each group on its own; the
+    effect size is Cohen's d with the pooled standard deviation."""
+    from scipy import stats
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.ndim != 1 or y.ndim != 1 or x.size < 2 or y.size < 2:
+        raise ValueError("a two-sample test needs at least two values in each group")
+    rng = np.random.default_rng(seed)
+    boot = (x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(1)
+            - y[rng.integers(0, y.size, size=(n_boot, y.size))].mean(1))
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    delta = float(x.mean() - y.mean())
+    pooled = math.sqrt(((x.size - 1) * x.var(ddof=1) + (y.size - 1) * y.var(ddof=1))
+                       / (x.size + y.size - 2))
+    varies = pooled > 1e-12
+    t = stats.ttest_ind(x, y, equal_var=False) if varies else None
+    return {"mean_a": float(x.mean()), "mean_b": float(y.mean()), "delta": delta,
+            "ci_low": float(lo), "ci_high": float(hi), "p_bootstrap": _bootstrap_p(boot, delta),
+            "p_ttest": float(t.pvalue) if t is not None else None,
+            "effect_d": delta / pooled if varies else None, "units": [int(x.size), int(y.size)],
             "significant": bool(lo > 0 or hi < 0)}
 
 

@@ -7,8 +7,13 @@ calibration seeds with a 95% interval, and the drift from the float model on the
 items: paired tests of gold-answer confidence and accuracy, and the per-quartile table
 (quartiles of the *float* model's gold-answer confidence) behind the published claim that
 4-bit GPTQ lowers confidence on the gold answer mostly where the float model was already
-unsure. The gold-answer confidence tests of all tasks and methods are one Holm family
-(`p_holm` beside the t-test's p). A calibrated method's item probabilities are averaged
+unsure. That claim is tested as a contrast: the change in the least confident quartile
+against the change in the other three (Welch's t-test), on two scales: probability, as the
+claim is worded, and the gold answer's log-odds, which has no floor or ceiling (on
+probabilities the unsure items can hardly lose and the sure ones hardly gain, whatever
+quantization does; see qcal.eval.drift). Each family of tests over all tasks and methods
+(the gold-answer confidence changes, and the contrast on each scale) is Holm-adjusted, and
+the verdicts read the adjusted tests. A calibrated method's item probabilities are averaged
 over its seeds first (the expected model of a random calibration draw; gold-answer
 confidence is linear in them).
 """
@@ -21,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from qcal.eval.confidence import confidence_metrics
-from qcal.eval.drift import item_drift
-from qcal.eval.stats import mean_ci, paired_mean_test, with_holm
+from qcal.eval.drift import gold_log_odds, item_drift
+from qcal.eval.stats import mean_ci, paired_mean_test, two_sample_mean_test, with_holm
 from qcal.grid.evidence import model_lm_eval, seed_sorted
 from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
@@ -30,6 +35,7 @@ from qcal.grid.spec import FLOAT_CELL
 METRICS = ("acc", "ece", "brier", "nll", "conf_true")
 CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, mostly where the "
          "float model was already unsure")
+SCALES = {"p": "probability", "log_odds": "log-odds"}  # the contrast's scales, in table order
 
 
 def by_method(cells: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -77,27 +83,63 @@ def drift_from_float(base: Probs | None, runs: list[Probs | None]) -> dict[str, 
     rows = np.arange(len(gold))
     acc_test = paired_mean_test((probs.argmax(1) == gold).astype(float),
                                 (base[0].argmax(1) == gold).astype(float))
-    conf_test = paired_mean_test(probs[rows, gold], base[0][rows, gold])
-    quartile_tests = []
-    order = np.argsort(base[0][rows, gold], kind="stable")
-    for idx in np.array_split(order, 4):
-        quartile_tests.append(paired_mean_test(probs[idx, gold[idx]], base[0][idx, gold[idx]])
-                              if idx.size > 1 else None)
+    conf_b, conf_m = base[0][rows, gold], probs[rows, gold]
+    conf_test = paired_mean_test(conf_m, conf_b)
+    quartiles = np.array_split(np.argsort(conf_b, kind="stable"), 4)
+    quartile_tests = [paired_mean_test(conf_m[idx], conf_b[idx]) if idx.size > 1 else None
+                      for idx in quartiles]
+    changes = {"p": conf_m - conf_b,
+               "log_odds": gold_log_odds(probs, gold) - gold_log_odds(base[0], gold)}
+    unsure, rest = quartiles[0], np.concatenate(quartiles[1:])
+    unsure_vs_rest = ({scale: two_sample_mean_test(change[unsure], change[rest])
+                       for scale, change in changes.items()}
+                      if unsure.size > 1 and rest.size > 1 else {})
     return {"seeds": len(runs), "drift": drift, "acc_test": acc_test, "conf_true_test": conf_test,
-            "quartile_tests": quartile_tests}
+            "quartile_tests": quartile_tests, "unsure_vs_rest": unsure_vs_rest}
 
 
-def quartile_claim(drift: dict[str, Any]) -> str:
+def _significant(test: dict[str, Any]) -> bool:
+    return bool(test.get("significant_holm", test["significant"]))
+
+
+def quartile_claim(drift: dict[str, Any], scale: str = "p") -> str:
     """Does the loss of gold-answer confidence concentrate where the float model was unsure?
 
-    'agrees' when the mean change is a significant drop overall and the lowest quartile of
-    float confidence has the largest drop; 'no drop' when there is no significant drop at
-    all; otherwise 'disagrees' (the drop sits elsewhere)."""
+    'no drop' without a significant overall drop; then, from the contrast of the least
+    confident quartile's change against the other three's on `scale`: 'agrees' when it
+    loses significantly more, 'disagrees' when significantly less, 'not shown' when the
+    difference is not significant. Tests that went through Holm are read after it."""
     test = drift["conf_true_test"]
-    if not (test["significant"] and test["delta"] < 0):
+    if not (_significant(test) and test["delta"] < 0):
         return "no drop"
-    deltas = [q.get("delta_conf_true", 0.0) for q in drift["drift"]["by_base_conf_quantile"]]
-    return "agrees" if int(np.argmin(deltas)) == 0 else "disagrees"
+    contrast = drift["unsure_vs_rest"].get(scale)
+    if contrast is None or not _significant(contrast):
+        return "not shown"
+    return "agrees" if contrast["delta"] < 0 else "disagrees"
+
+
+def _contrast_p(test: dict[str, Any]) -> float:
+    # No variance in either group leaves nothing to test: as no difference.
+    return 1.0 if test["p_ttest"] is None else test["p_ttest"]
+
+
+def _holm_over_study(out: dict[str, Any]) -> None:
+    """Holm over every task and method, per family: the gold-answer confidence changes
+    (t-test p) and the unsure-vs-rest contrast on each scale; then the claims."""
+    drifts = [entry["drift"] for per_method in out.values() for entry in per_method.values()
+              if "drift" in entry]
+    tested = [d for d in drifts if d["conf_true_test"]["p_ttest"] is not None]
+    adjusted = with_holm([d["conf_true_test"] for d in tested], p_of=lambda t: t["p_ttest"])
+    for drift, test in zip(tested, adjusted, strict=True):
+        drift["conf_true_test"] = test
+    for scale in SCALES:
+        family = [d for d in drifts if scale in d["unsure_vs_rest"]]
+        adjusted = with_holm([d["unsure_vs_rest"][scale] for d in family], p_of=_contrast_p)
+        for drift, test in zip(family, adjusted, strict=True):
+            drift["unsure_vs_rest"] = {**drift["unsure_vs_rest"], scale: test}
+    for drift in drifts:
+        drift["claim"] = quartile_claim(drift, "p")
+        drift["claim_log_odds"] = quartile_claim(drift, "log_odds")
 
 
 def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
@@ -121,35 +163,34 @@ def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
             drift = drift_from_float(probs[id(base)].get(task), runs) if base is not None \
                 else None
             if drift is not None:
-                entry["drift"] = {**drift, "claim": quartile_claim(drift)}
+                entry["drift"] = drift
             per_method[method] = entry
         out[task] = per_method
-    drifts = [entry["drift"] for per_method in out.values() for entry in per_method.values()
-              if "drift" in entry and entry["drift"]["conf_true_test"]["p_ttest"] is not None]
-    adjusted = with_holm([d["conf_true_test"] for d in drifts], p_of=lambda t: t["p_ttest"])
-    for drift, test in zip(drifts, adjusted, strict=True):
-        drift["conf_true_test"] = test
+    _holm_over_study(out)
     return out
 
 
 def findings(per_task: dict[str, Any]) -> list[str]:
     """The study's findings as Markdown bullets, from `study`'s output: per method, where
-    its loss of gold-answer confidence sits against the published claim, then how many
-    drops survive Holm's correction over every task and method."""
+    its loss of gold-answer confidence sits against the published claim on each scale,
+    then how many drops survive Holm's correction over every task and method."""
     out = []
     labels = sorted({m for pm in per_task.values() for m in pm if m != "float"})
+    verdicts = ("agrees", "disagrees", "not shown", "no drop")
     for method in labels:
-        claims = {task: pm[method]["drift"]["claim"] for task, pm in per_task.items()
+        drifts = {task: pm[method]["drift"] for task, pm in per_task.items()
                   if method in pm and "drift" in pm[method]}
-        if claims:
-            counts = {c: sum(v == c for v in claims.values()) for c in ("agrees", "disagrees",
-                                                                        "no drop")}
-            out.append(f"- **{method}**: of {len(claims)} tasks, the loss of gold-answer confidence "
-                       f"concentrates in the float model's least confident quartile in "
-                       f"{counts['agrees']} (agrees with the {CLAIM}), elsewhere in "
-                       f"{counts['disagrees']} (disagrees), and there is no significant drop in "
-                       f"{counts['no drop']}: " + ", ".join(f"{t}: {c}" for t, c in claims.items())
-                       + ".")
+        if not drifts:
+            continue
+        parts = []
+        for scale, key in (("p", "claim"), ("log_odds", "claim_log_odds")):
+            claims = {task: d[key] for task, d in drifts.items()}
+            counts = ", ".join(f"{c} {sum(v == c for v in claims.values())}" for c in verdicts)
+            parts.append(f"in {SCALES[scale]}: {counts} ("
+                         + ", ".join(f"{t}: {c}" for t, c in claims.items()) + ")")
+        out.append(f"- **{method}**: does the float model's least confident quartile lose more "
+                   f"gold-answer confidence than the other three ({CLAIM}; Welch t-test, Holm "
+                   f"over tasks and models)? Of {len(drifts)} tasks, " + "; ".join(parts) + ".")
     tests = [entry["drift"]["conf_true_test"] for pm in per_task.values()
              for entry in pm.values() if "p_holm" in entry.get("drift", {}).get("conf_true_test", {})]
     drops = [t for t in tests if t["delta"] < 0 and t["p_ttest"] < 0.05]
@@ -159,4 +200,9 @@ def findings(per_task: dict[str, Any]) -> list[str]:
                    f"gold-answer confidence changes are drops with t-test p < 0.05; "
                    f"{len(kept)} remain{'s' if len(kept) == 1 else ''} after Holm's correction over "
                    f"all {len(tests)}.")
+        out.append("- **scale**: a probability near 0 can hardly fall and one near 1 can hardly "
+                   "rise, so even a change that is symmetric in the model's scores makes the "
+                   "least confident quartile gain and the most confident lose; on probabilities "
+                   "a 'disagrees' is partly built in. The log-odds verdict is free of that floor "
+                   "and ceiling.")
     return out

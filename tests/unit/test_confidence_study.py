@@ -48,7 +48,9 @@ def test_drop_where_the_float_model_was_unsure_agrees_with_the_claim() -> None:
     quartiles = drift["drift"]["by_base_conf_quantile"]
     assert quartiles[0]["delta_conf_true"] < -0.1 and abs(quartiles[3]["delta_conf_true"]) < 1e-9
     assert drift["quartile_tests"][0]["significant"]
-    assert out["gptq"]["drift"]["claim"] == "agrees"
+    assert drift["claim"] == "agrees" and drift["claim_log_odds"] == "agrees"
+    contrast = drift["unsure_vs_rest"]["p"]
+    assert contrast["delta"] < -0.1 and contrast["significant_holm"]
     # Seeds differ by 0.01 in their drop: the interval over seeds has a width.
     assert out["gptq"]["metrics"]["conf_true"]["n"] == 3
     assert out["gptq"]["metrics"]["conf_true"]["half_width"] > 0
@@ -57,6 +59,26 @@ def test_drop_where_the_float_model_was_unsure_agrees_with_the_claim() -> None:
 def test_drop_where_the_float_model_was_sure_disagrees() -> None:
     out = study(_cells(drop_where_unsure=False), ["boolq"])["boolq"]
     assert out["gptq"]["drift"]["claim"] == "disagrees"
+    assert out["gptq"]["drift"]["claim_log_odds"] == "disagrees"
+
+
+def test_a_uniform_shift_in_log_odds_disagrees_on_probabilities_only() -> None:
+    """The floor and ceiling of probabilities: lowering every item's log-odds by the same
+    amount takes least from the items near p = 0, so on probabilities the least confident
+    quartile 'loses less' (disagrees), while on log-odds nothing sets it apart."""
+    rng = np.random.default_rng(5)
+    base = rng.uniform(0.02, 0.98, size=N)
+    logit = np.log(base / (1 - base))
+    cells = {"float": _cell(None, None, base)}
+    for seed in (0, 1, 2):
+        shifted = logit - 0.6 + rng.normal(0, 0.2, size=N)
+        cells[f"random__gptq__s{seed}"] = _cell("gptq", seed, 1 / (1 + np.exp(-shifted)))
+    drift = study(cells, ["boolq"])["boolq"]["gptq"]["drift"]
+    assert drift["conf_true_test"]["delta"] < 0 and drift["conf_true_test"]["significant_holm"]
+    assert drift["claim"] == "disagrees"
+    assert drift["claim_log_odds"] == "not shown"
+    quartiles = drift["drift"]["by_base_conf_quantile"]
+    assert all(abs(q["delta_log_odds_true"] + 0.6) < 0.1 for q in quartiles)
 
 
 def test_no_change_is_no_drop() -> None:
@@ -64,6 +86,7 @@ def test_no_change_is_no_drop() -> None:
     cells = {"float": _cell(None, None, base), "none__rtn": _cell("rtn", None, base)}
     drift = study(cells, ["boolq"])["boolq"]["rtn"]["drift"]
     assert quartile_claim(drift) == "no drop" and not drift["acc_test"]["significant"]
+    assert drift["claim"] == drift["claim_log_odds"] == "no drop"
 
 
 def test_gold_confidence_tests_are_one_holm_family() -> None:
@@ -79,7 +102,9 @@ def test_gold_confidence_tests_are_one_holm_family() -> None:
     assert gptq["p_holm"] < 0.05  # the real drop survives the correction
     assert rtn["p_ttest"] > 0.05  # noise around zero is no drop
     text = "\n".join(findings(study(cells, ["boolq"])))
-    assert "- **gptq**: of 1 tasks, the loss of gold-answer confidence concentrates in the " \
-           "float model's least confident quartile in 1 (agrees" in text
+    assert "Of 1 tasks, in probability: agrees 1, disagrees 0, not shown 0, no drop 0 " \
+           "(boolq: agrees); in log-odds: agrees 1," in text
+    assert "- **rtn**: does the float model's least confident quartile lose more" in text
+    assert "(boolq: no drop)" in text
     assert "1 of 2 task x model gold-answer confidence changes are drops with t-test p < " \
            "0.05; 1 remains after Holm's correction over all 2." in text

@@ -9,7 +9,7 @@ import pytest
 
 from qcal.errors import ConfigError
 from qcal.eval import confidence as cm
-from qcal.eval.drift import item_drift, metric_deltas
+from qcal.eval.drift import LOG_ODDS_FLOOR, gold_log_odds, item_drift, metric_deltas
 
 pytestmark = pytest.mark.unit
 
@@ -151,3 +151,11 @@ def test_items_with_different_numbers_of_choices_score_as_their_own_choices() ->
     assert m["choices"] == 5
     normed = cm.stack_probs(lls, [[1, 2, 3], [1, 1, 1, 1, 1], [2, 2, 2, 2]])
     assert normed.shape == (3, 5) and normed[0, 3] == 0.0
+
+
+def test_gold_log_odds_sums_the_other_choices_and_stays_finite() -> None:
+    probs = np.array([[0.3, 0.5, 0.2], [1e-10, 1 - 1e-10, 0.0], [1.0, 0.0, 0.0]])
+    got = gold_log_odds(probs, np.array([0, 1, 0]))
+    assert got[0] == pytest.approx(math.log(0.3 / 0.7))
+    assert got[1] == pytest.approx(math.log((1 - 1e-10) / 1e-10), rel=1e-9)
+    assert got[2] == pytest.approx(-math.log(LOG_ODDS_FLOOR))  # others underflowed to 0

@@ -13,6 +13,7 @@ from qcal.eval.stats import (
     paired_mean_test,
     paired_ppl_test,
     seeded_ppl_test,
+    two_sample_mean_test,
     verdict,
     with_holm,
 )
@@ -62,6 +63,24 @@ def test_paired_mean_test_on_items() -> None:
     assert test["p_ttest"] < 1e-4
     with pytest.raises(ValueError, match="same items"):
         paired_mean_test([1, 0], [1])
+
+
+def test_two_sample_test_matches_welch_and_sees_a_shift() -> None:
+    from scipy import stats
+
+    rng = np.random.default_rng(4)
+    low, rest = rng.normal(-0.3, 1.0, 120), rng.normal(0.0, 0.5, 360)
+    test = two_sample_mean_test(low, rest)
+    assert test["delta"] == pytest.approx(low.mean() - rest.mean())
+    assert test["p_ttest"] == pytest.approx(stats.ttest_ind(low, rest, equal_var=False).pvalue)
+    assert test["significant"] and test["ci_low"] < test["delta"] < test["ci_high"] < 0
+    assert test["units"] == [120, 360] and test["effect_d"] < 0
+    same = two_sample_mean_test(rng.normal(0, 1, 200), rng.normal(0, 1, 300))
+    assert not same["significant"] and same["p_ttest"] > 0.05
+    flat = two_sample_mean_test([1.0, 1.0], [1.0, 1.0, 1.0])
+    assert flat["p_ttest"] is None and flat["effect_d"] is None and not flat["significant"]
+    with pytest.raises(ValueError, match="two values"):
+        two_sample_mean_test([1.0], [1.0, 2.0])
 
 
 def test_paired_test_refuses_different_windows() -> None:
