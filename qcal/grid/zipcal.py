@@ -6,7 +6,8 @@ the same evaluation windows (`qcal.eval.stats.seeded_ppl_test`), with what each 
 cost (from the calibration manifests). The published claim under test is that Zipf
 selection *matches* perplexity-based selection at a fraction of the cost, so that pair
 also gets an equivalence verdict: the 95% interval of the relative difference inside
-+-`EQUIVALENCE_MARGIN`.
++-`EQUIVALENCE_MARGIN`; "beats"/"trails" need the difference to survive Holm's correction
+over the study's pair tests.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ def equivalence(test: dict[str, Any], margin: float = EQUIVALENCE_MARGIN) -> str
     """'matches', 'beats', 'trails' or 'inconclusive' for A against B (lower ppl is better).
 
     'matches' needs the whole 95% interval of (ppl_A - ppl_B) / ppl_B inside +-margin; a
-    significant difference outside it is 'beats' / 'trails'; anything else is too wide to
-    tell."""
+    significant difference outside it (after Holm, for a test that went through `with_holm`)
+    is 'beats' / 'trails'; anything else is too wide to tell."""
     low, high = test["ci_low"] / test["ppl_b"], test["ci_high"] / test["ppl_b"]
     if -margin <= low and high <= margin:
         return "matches"
-    if test["significant"]:
+    if test.get("significant_holm", test["significant"]):
         return "beats" if test["delta"] < 0 else "trails"
     return "inconclusive"
 
@@ -62,9 +63,8 @@ def pair_tests(groups: dict, langs: list[str]) -> list[dict[str, Any]]:
             test = seeded_test(a_recs, b_recs, langs) if a_recs and b_recs else None
             if test is None:
                 continue
-            out.append({"method": method, "nsamples": nsamples, "a": a_sel, "b": b_sel, **test,
-                        "equivalence": equivalence(test)})
-    return with_holm(out)
+            out.append({"method": method, "nsamples": nsamples, "a": a_sel, "b": b_sel, **test})
+    return [{**test, "equivalence": equivalence(test)} for test in with_holm(out)]
 
 
 def selection_cost(groups: dict) -> dict[str, dict[int, float]]:

@@ -50,6 +50,12 @@ def test_equivalence_verdicts(low, high, significant, delta, verdict) -> None:
     assert equivalence(test) == verdict
 
 
+def test_a_difference_that_does_not_survive_holm_is_not_beats() -> None:
+    test = {"ci_low": -0.5, "ci_high": -0.2, "ppl_b": 10.0, "significant": True, "delta": -0.3}
+    assert equivalence({**test, "significant_holm": False}) == "inconclusive"
+    assert equivalence({**test, "significant_holm": True}) == "beats"
+
+
 def test_zipf_equal_to_perplexity_matches_and_beats_random() -> None:
     groups = by_budget(_cells(zipf_level=3.0))
     assert sorted({(m, n) for m, n, _ in groups}) == [("gptq", 16), ("gptq", 64)]
