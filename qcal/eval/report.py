@@ -95,6 +95,7 @@ def _drift_md(drift: dict[str, Any], kind: str) -> str:
             lo, hi = q["base_conf_true_range"]
             qrows.append([task, f"Q{q['quantile']}", f"{lo:.3f}-{hi:.3f}", q["n"],
                           _f(q["base_conf_true"]), _f(q["delta_conf_true"], "+.4f"),
+                          _f(q.get("delta_log_odds_true"), "+.3f"),
                           _f(q["mean_abs_delta"]), _f(q["share_of_loss"], ".3f"),
                           _f(q["flip_rate"], ".3f")])
     table = markdown_table(
@@ -102,9 +103,11 @@ def _drift_md(drift: dict[str, Any], kind: str) -> str:
          "flips to wrong/right", "d ECE", "d Brier", "d NLL", "d entropy"], rows)
     quart = markdown_table(
         ["task", "base-confidence quartile", "base conf_true range", "n", "base conf_true",
-         "d conf_true", "mean |d|", "share of loss", "flip rate"], qrows)
+         "d conf_true", "d log-odds", "mean |d|", "share of loss", "flip rate"], qrows)
     return table + "\n\nWhere the change concentrates (items split by the base model's "\
-        "gold-answer probability, Q1 = least sure):\n\n" + quart
+        "gold-answer probability, Q1 = least sure; d log-odds: change of log p / (1 - p) of "\
+        "the gold answer, which has no floor near 0 or ceiling near 1 to pull Q1 up and Q4 "\
+        "down):\n\n" + quart
 
 
 def render_markdown(data: dict[str, Any], files: dict[str, str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -67,9 +68,11 @@ def test_float_vs_rtn_end_to_end(tiny_model_dir: Path, tiny_rtn: Path, tiny_task
     drift = data["drift"]["tiny_nextsent"]["raw"]
     assert drift["n"] == 10 and 0 <= drift["flip_rate"] <= 1
     assert sum(q["n"] for q in drift["by_base_conf_quantile"]) == 10
+    assert all(math.isfinite(q["delta_log_odds_true"]) for q in drift["by_base_conf_quantile"])
 
     md = stem.with_suffix(".md").read_text()
     assert "qcal eval" in md and "tiny-rtn-w4g64" in md and "Calibration set" in md
+    assert "d log-odds" in md
     png = stem.with_name("eval_tiny_reliability.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [json.loads(x) for x in stem.with_name("eval_tiny_items.jsonl").read_text().splitlines()]
