@@ -16,7 +16,9 @@ do not run, one calibration draw) and writes two reports:
   GPTQ lowers confidence on the gold answer mostly where the float model was unsure (least
   confident quartile vs the rest, on probabilities and on log-odds;
   qcal.grid.confidence_study).
-A grid that is not finished is rendered from the cells it has and says which are missing.
+Each report has a chart per grid (<out>_<grid>.png: accuracy with its stderr interval;
+drift from the float model with its paired-bootstrap interval). A grid that is not
+finished is rendered from the cells it has and says which are missing.
 
     python scripts/study_confidence_tables.py [--grid results/study_confidence ...]
         [--bench-grid results/study_benchmarks ...]
@@ -36,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 from qcal.grid.benchmarks import SCORES, cell_text, combined_table  # noqa: E402
 from qcal.grid.confidence_study import METRICS, SCALES, findings, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_tables import grid_heading, run_script, shown  # noqa: E402
+from qcal.grid.study_plots import Point, from_test, interval_chart  # noqa: E402
+from qcal.grid.study_tables import chart_link, chart_path, grid_heading, run_script, shown  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
 
@@ -47,9 +50,28 @@ def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[ob
              *[cell_text(r, m) for m in SCORES], names[r["source"]]] for r in rows]
 
 
-def bench_section(run: Path, conf_grids: list[Path]) -> tuple[list[str], dict[str, Any]]:
+def accuracy_chart(chart: Path, rows: list[dict[str, Any]], model: str) -> str | None:
+    """Accuracy of every top-level task (groups, not their subtasks) per model, ± 1.96 x
+    lm-eval's stderr; the Markdown link, or None when no task has an accuracy."""
+    series: dict[str, list[Point]] = {}
+    for r in rows:
+        if r["depth"] == 0 and "acc" in r:
+            err = r.get("acc_stderr")
+            series.setdefault(r["model"], []).append(
+                Point(r["task"], r["acc"]) if err is None else
+                Point(r["task"], r["acc"], r["acc"] - 1.96 * err, r["acc"] + 1.96 * err))
+    if not series:
+        return None
+    interval_chart(chart, {"accuracy": series}, "acc",
+                   f"{model}: lm-eval accuracy, 95% interval from its stderr")
+    return chart_link(chart, "accuracy per task and model with 95% intervals")
+
+
+def bench_section(run: Path, conf_grids: list[Path], chart: Path
+                  ) -> tuple[list[str], dict[str, Any]]:
     """One model's benchmark table: the benchmark grid's tasks, then the tasks that the
-    confidence grid of the same model ran and the benchmark grid left to it."""
+    confidence grid of the same model ran and the benchmark grid left to it; `chart`: where
+    its accuracy chart goes."""
     spec, cells, missing = grid_progress(run)
     sources, names = [(cells, list(spec.get("tasks") or []))], [run.name]
     head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
@@ -68,7 +90,9 @@ def bench_section(run: Path, conf_grids: list[Path]) -> tuple[list[str], dict[st
     rows = combined_table(sources)
     table = markdown_table(["task", "model", "seeds", "items", "acc", "acc_norm", "perplexity",
                             "grid"], benchmark_rows(rows, names))
-    return [*head, table], {"spec": spec, "missing": missing, "grids": names, "rows": rows}
+    link = accuracy_chart(chart, rows, spec.get("model") or "default model")
+    return [*head, table, *([link] if link else [])], {"spec": spec, "missing": missing,
+                                                        "grids": names, "rows": rows}
 
 
 def confidence_rows(per_task: dict[str, Any]) -> list[list[object]]:
@@ -126,6 +150,24 @@ def drift_rows(per_task: dict[str, Any]
     return drift, quartiles, contrasts
 
 
+def drift_chart(chart: Path, per_task: dict[str, Any], model: str) -> str | None:
+    """Change from the float model in gold-answer confidence and accuracy per task, one
+    series per method, with the paired-bootstrap 95% intervals; the link, or None."""
+    panels: dict[str, dict[str, list]] = {"Δconf_true": {}, "Δacc": {}}
+    for task, per_method in per_task.items():
+        for method, entry in per_method.items():
+            if "drift" in entry:
+                for panel, key in (("Δconf_true", "conf_true_test"), ("Δacc", "acc_test")):
+                    panels[panel].setdefault(method, []).append(
+                        from_test(task, entry["drift"][key]))
+    if not panels["Δconf_true"]:
+        return None
+    interval_chart(chart, panels, "model - float (same items)",
+                   f"{model}: drift from the float model, paired-bootstrap 95% CI",
+                   zero_line=True)
+    return chart_link(chart, "drift from the float model with paired-bootstrap 95% intervals")
+
+
 def _limits(spec: dict[str, Any]) -> str:
     own = spec.get("task_limits") or {}
     return (f"; items per task: lm-eval --limit {spec.get('limit') or 'none (all)'}"
@@ -145,7 +187,8 @@ def main() -> None:
         g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
     for run in bench_grids or grids:
-        parts, bench_data[run.name] = bench_section(run, grids if bench_grids else [])
+        parts, bench_data[run.name] = bench_section(
+            run, grids if bench_grids else [], chart_path(args.out_benchmarks.resolve(), run))
         bench_parts += parts
     for run in grids:
         spec, cells, missing = grid_progress(run)
@@ -153,6 +196,8 @@ def main() -> None:
         data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
         head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
         drift, quartiles, contrasts = drift_rows(per_task)
+        link = drift_chart(chart_path(args.out_confidence.resolve(), run), per_task,
+                           spec.get("model") or "default model")
         conf_parts += [*head,
                        "### Calibration of the raw choice probabilities (mean ± 95% CI over seeds)",
                        markdown_table(["task", "model", *METRICS], confidence_rows(per_task)),
@@ -166,6 +211,7 @@ def main() -> None:
                        markdown_table(["task", "model", "seeds", "items", "Δacc", "Δconf_true",
                                        "p", "p (Holm)", "flips", "claim (p)",
                                        "claim (log-odds)"], drift),
+                       *([link] if link else []),
                        "### By quartile of the float model's gold-answer confidence",
                        "p: paired t-test of the quartile's Δconf_true; Δlog-odds: mean change "
                        "of the gold answer's log-odds, log p / (1 - p).",

@@ -3,7 +3,8 @@
 
 Reads the cells of one or more `study_multilingual*` grids (one per model; configs/
 study_multilingual.yaml, configs/study_multilingual_gemma3.yaml) and writes Markdown +
-JSON: perplexity per language as the mean over calibration seeds with its 95% interval,
+JSON, with a chart per grid (<out>_<grid>.png, every point with its 95% interval):
+perplexity per language as the mean over calibration seeds with its 95% interval,
 every calibration setting against English-only calibration, and language-matched
 calibration against the other single-language sets, each as a bootstrap over evaluation
 windows (paired) and calibration draws (`qcal.eval.stats.seeded_ppl_test`). The findings
@@ -24,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.eval.stats import mean_ci_text, verdict  # noqa: E402
+from qcal.eval.stats import mean_ci, mean_ci_text, verdict  # noqa: E402
 from qcal.grid import FLOAT_CELL  # noqa: E402
 from qcal.grid.evidence import model_ppl  # noqa: E402
 from qcal.grid.multilingual import (  # noqa: E402
@@ -39,7 +40,8 @@ from qcal.grid.multilingual import (  # noqa: E402
     versus_baseline,
 )
 from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_tables import grid_heading, render_study, run_script  # noqa: E402
+from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
+from qcal.grid.study_tables import chart_link, grid_heading, render_study, run_script  # noqa: E402
 from qcal.results import markdown_table  # noqa: E402
 
 
@@ -66,6 +68,22 @@ def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
     return rows, data
 
 
+def ppl_chart(chart: Path, table: dict[str, Any], model: str) -> str | None:
+    """Mean perplexity over the languages per calibration set and method, with the 95%
+    interval over seeds, float and RTN as lines; the Markdown link, or None without sets."""
+    panels = {method: {"mean over languages": [
+        from_mean_ci(key.split("/", 1)[1], mean_ci([mean(p.values()) for p in per_seed]))
+        for key, per_seed in table.items() if key.startswith(f"{method}/")]}
+        for method in METHODS}
+    if not any(series["mean over languages"] for series in panels.values()):
+        return None
+    refs = {name: mean(table[name].values()) for name in ("float", "rtn") if name in table}
+    interval_chart(chart, panels, "perplexity (mean over languages)",
+                   f"{model}: perplexity by calibration set, 95% CI over seeds",
+                   references={method: refs for method in METHODS})
+    return chart_link(chart, "perplexity by calibration set with 95% intervals over seeds")
+
+
 def test_rows(tests: list[dict[str, Any]]) -> list[list[object]]:
     return [[t["method"], f"{t['a']} vs {t['b']}", f"{t['ppl_a']:.2f}", f"{t['ppl_b']:.2f}",
              f"{t['delta']:+.2f}", f"[{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]", f"{t['p']:.3g}",
@@ -74,7 +92,7 @@ def test_rows(tests: list[dict[str, Any]]) -> list[list[object]]:
             for t in tests]
 
 
-def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
+def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
     spec, cells, missing = grid_progress(run)
     langs = list(spec["eval_langs"])
     groups = by_setting(cells)
@@ -85,6 +103,9 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
              f"set and seed, the first {spec.get('max_windows')} held-out windows of 512 "
              "tokens per language; the last column averages the languages per seed first.",
              markdown_table(["method", "calibration", "seeds", *langs, "mean"], rows)]
+    link = ppl_chart(chart, table, spec.get("model") or "default model")
+    if link:
+        parts.append(link)
     data: dict[str, Any] = {"spec": spec, "missing": missing, "perplexity": table}
     all_findings: list[str] = []
     for method in METHODS:

@@ -2,7 +2,8 @@
 """The ZipCal study with seeds and budgets (issue 15): tables, tests, cost and findings.
 
 Reads the cells of one or more `study_zipcal*` grids (one per model; configs/
-study_zipcal.yaml, configs/study_zipcal_gemma3.yaml) and writes Markdown + JSON: per
+study_zipcal.yaml, configs/study_zipcal_gemma3.yaml) and writes Markdown + JSON, with a
+chart per grid (<out>_<grid>.png, every point with its 95% interval): per
 method and calibration budget, the perplexity of random, Zipf-diverse and
 perplexity-based selection as the mean over calibration seeds with its 95% interval;
 each pair tested over paired evaluation windows and each side's seeds
@@ -18,14 +19,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.eval.stats import mean_ci_text, verdict  # noqa: E402
+from qcal.eval.stats import mean_ci, mean_ci_text, verdict  # noqa: E402
+from qcal.grid.evidence import model_ppl  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_tables import grid_heading, render_study, run_script  # noqa: E402
+from qcal.grid.spec import FLOAT_CELL  # noqa: E402
+from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
+from qcal.grid.study_tables import chart_link, grid_heading, render_study, run_script  # noqa: E402
 from qcal.grid.zipcal import (  # noqa: E402
     EQUIVALENCE_MARGIN,
     SELECTORS,
@@ -39,7 +44,27 @@ from qcal.grid.zipcal import (  # noqa: E402
 from qcal.results import markdown_table  # noqa: E402
 
 
-def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
+def ppl_chart(chart: Path, cells: dict[str, dict[str, Any]], groups: dict, langs: list[str],
+              model: str) -> str | None:
+    """Perplexity against the calibration budget, one series per selector and a panel per
+    method, 95% intervals over seeds; float and RTN as lines. The link, or None."""
+    panels: dict[str, dict[str, list]] = {}
+    for (method, nsamples, selector), recs in sorted(groups.items()):
+        panels.setdefault(method, {}).setdefault(selector, []).append(
+            from_mean_ci(str(nsamples), mean_ci(mean_ppl(recs, langs))))
+    if not panels:
+        return None
+    panels = {m: {sel: panels[m][sel] for sel in SELECTORS if sel in panels[m]}
+              for m in sorted(panels)}
+    refs = {name: mean(model_ppl(cells[key])[lang]["ppl"] for lang in langs)
+            for name, key in (("float", FLOAT_CELL), ("rtn", "none__rtn")) if key in cells}
+    interval_chart(chart, panels, f"perplexity ({', '.join(langs)})",
+                   f"{model}: perplexity by selector and calibration windows, 95% CI over seeds",
+                   references={m: refs for m in panels})
+    return chart_link(chart, "perplexity by selector and budget with 95% intervals over seeds")
+
+
+def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
     spec, cells, missing = grid_progress(run)
     langs = list(spec["eval_langs"])
     groups = by_budget(cells)
@@ -66,6 +91,9 @@ def grid_section(run: Path) -> tuple[str, dict[str, Any]]:
              markdown_table(["method", "nsamples", "selector", "seeds (sets)", "ppl",
                              "selection s"],
                             rows)]
+    link = ppl_chart(chart, cells, groups, langs, spec.get("model") or "default model")
+    if link:
+        parts.append(link)
     if tests:
         parts += ["### Pairwise tests (same windows; seeds resampled per side)",
                   f"Relative Δ = (ppl A - ppl B) / ppl B. equivalence: `matches` when the whole "

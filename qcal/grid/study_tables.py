@@ -44,12 +44,23 @@ def run_script(main: Callable[[], None]) -> None:
         raise SystemExit(2) from None
 
 
+def chart_path(out: Path, run: Path) -> Path:
+    """The PNG beside report `out` (a path without suffix) for grid `run`: <out>_<grid>.png,
+    linked from the report by its bare name."""
+    return out.with_name(f"{out.name}_{run.name}.png")
+
+
+def chart_link(chart: Path, caption: str) -> str:
+    return f"![{caption}]({chart.name})"
+
+
 def render_study(root: Path, script: str, description: str, grid_name: str, out_name: str,
-                 section: Callable[[Path], tuple[str, dict[str, Any]]], title: str,
+                 section: Callable[[Path, Path], tuple[str, dict[str, Any]]], title: str,
                  intro: list[str], caveat: str) -> None:
     """Parse `--grid` (repeatable; default results/<grid_name>) and `--out` (default
-    results/<out_name>), render `section(grid)` for every grid between `title` + `intro`
-    and `caveat`, and write <out>.md and <out>.json with the command that made them."""
+    results/<out_name>), render `section(grid, chart)` for every grid between `title` +
+    `intro` and `caveat`, and write <out>.md and <out>.json with the command that made them.
+    `chart` is where the section may write its interval chart: `chart_path(out, grid)`."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--grid", type=Path, action="append",
                    help=f"a {grid_name} grid's results folder (repeatable)")
@@ -61,7 +72,7 @@ def render_study(root: Path, script: str, description: str, grid_name: str, out_
     for run in grids:
         if not (run / "cells").is_dir():
             raise ConfigError(f"{run} has no cells yet; run its `qcal compare --config` first")
-        md, data[run.name] = section(run)
+        md, data[run.name] = section(run, chart_path(args.out.resolve(), run))
         sections.append(md)
     prov = provenance(command=f"python {script} "
                       + " ".join(f"--grid {shown(g, root)}" for g in grids)

@@ -36,6 +36,8 @@ def test_committed_study_grids_render_with_holm(name: str, grid: str, family: st
     assert done.returncode == 0, done.stderr
     md = (tmp_path / f"{name}.md").read_text()
     assert "p (Holm)" in md and family in md
+    chart = tmp_path / f"{name}_{grid}.png"  # the interval chart, linked by its bare name
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({chart.name})" in md
     data = json.loads((tmp_path / f"{name}.json").read_text())
     # The command names the grid inside the repository and the output outside it as is.
     assert f"--grid results/{grid} --out {tmp_path / name}" in data["provenance"]["command"]
@@ -69,6 +71,10 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     conf = (tmp_path / "conf.md").read_text()
     assert "| p (Holm) |" in conf and "| qcal_nextsent_en | gptq | 2 | 8 |" in conf
     assert "task x model gold-answer confidence changes" in conf
+    assert "| claim (p) | claim (log-odds) |" in conf and "| Δlog-odds |" in conf
+    for report, chart in (("conf", "conf_grid.png"), ("bench", "bench_grid.png")):
+        assert (tmp_path / chart).read_bytes()[:4] == b"\x89PNG"
+        assert f"]({chart})" in (tmp_path / f"{report}.md").read_text()
     bench = (tmp_path / "bench.md").read_text()
     assert "| qcal_nextsent_en | float | 1 | 8 |" in bench and "| qcal_nextsent_en | gptq | 2 | 8 |" in bench
     data = json.loads((tmp_path / "conf.json").read_text())
