@@ -36,10 +36,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from qcal.grid.benchmarks import SCORES, cell_text, combined_table  # noqa: E402
-from qcal.grid.confidence_study import METRICS, SCALES, findings, study  # noqa: E402
+from qcal.grid.confidence_study import CLAIM_KEYS, METRICS, SCALES, findings, study  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.study_plots import Point, from_test, interval_chart  # noqa: E402
-from qcal.grid.study_tables import chart_link, chart_path, grid_heading, run_script, shown  # noqa: E402
+from qcal.grid.study_tables import (  # noqa: E402
+    chart_link,
+    chart_path,
+    grid_heading,
+    model_label,
+    run_script,
+    shown,
+)
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
 
@@ -90,7 +97,7 @@ def bench_section(run: Path, conf_grids: list[Path], chart: Path
     rows = combined_table(sources)
     table = markdown_table(["task", "model", "seeds", "items", "acc", "acc_norm", "perplexity",
                             "grid"], benchmark_rows(rows, names))
-    link = accuracy_chart(chart, rows, spec.get("model") or "default model")
+    link = accuracy_chart(chart, rows, model_label(spec))
     return [*head, table, *([link] if link else [])], {"spec": spec, "missing": missing,
                                                         "grids": names, "rows": rows}
 
@@ -126,7 +133,8 @@ def drift_rows(per_task: dict[str, Any]
                           f"{conf['delta']:+.4f} [{conf['ci_low']:+.4f}, {conf['ci_high']:+.4f}]",
                           "-" if conf["p_ttest"] is None else f"{conf['p_ttest']:.3g}",
                           f"{conf['p_holm']:.3g}" if "p_holm" in conf else "-",
-                          f"{d['drift']['flip_rate']:.3f}", d["claim"], d["claim_log_odds"]])
+                          f"{d['drift']['flip_rate']:.3f}",
+                          *[d[key] for key in CLAIM_KEYS.values()]])
             for q, test in zip(d["drift"]["by_base_conf_quantile"], d["quartile_tests"],
                                strict=True):
                 lo, hi = q["base_conf_true_range"]
@@ -146,7 +154,7 @@ def drift_rows(per_task: dict[str, Any]
                                   "-" if t["p_ttest"] is None else f"{t['p_ttest']:.3g}",
                                   f"{t['p_holm']:.3g}" if "p_holm" in t else "-",
                                   "-" if t["effect_d"] is None else f"{t['effect_d']:+.2f}",
-                                  d["claim" if scale == "p" else "claim_log_odds"]])
+                                  d[CLAIM_KEYS[scale]]])
     return drift, quartiles, contrasts
 
 
@@ -197,7 +205,7 @@ def main() -> None:
         head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
         drift, quartiles, contrasts = drift_rows(per_task)
         link = drift_chart(chart_path(args.out_confidence.resolve(), run), per_task,
-                           spec.get("model") or "default model")
+                           model_label(spec))
         conf_parts += [*head,
                        "### Calibration of the raw choice probabilities (mean ± 95% CI over seeds)",
                        markdown_table(["task", "model", *METRICS], confidence_rows(per_task)),

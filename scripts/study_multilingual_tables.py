@@ -41,7 +41,13 @@ from qcal.grid.multilingual import (  # noqa: E402
 )
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
-from qcal.grid.study_tables import chart_link, grid_heading, render_study, run_script  # noqa: E402
+from qcal.grid.study_tables import (  # noqa: E402
+    chart_link,
+    grid_heading,
+    model_label,
+    render_study,
+    run_script,
+)
 from qcal.results import markdown_table  # noqa: E402
 
 
@@ -103,7 +109,7 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
              f"set and seed, the first {spec.get('max_windows')} held-out windows of 512 "
              "tokens per language; the last column averages the languages per seed first.",
              markdown_table(["method", "calibration", "seeds", *langs, "mean"], rows)]
-    link = ppl_chart(chart, table, spec.get("model") or "default model")
+    link = ppl_chart(chart, table, model_label(spec))
     if link:
         parts.append(link)
     data: dict[str, Any] = {"spec": spec, "missing": missing, "perplexity": table}

@@ -30,7 +30,13 @@ from qcal.grid.evidence import model_ppl  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.spec import FLOAT_CELL  # noqa: E402
 from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
-from qcal.grid.study_tables import chart_link, grid_heading, render_study, run_script  # noqa: E402
+from qcal.grid.study_tables import (  # noqa: E402
+    chart_link,
+    grid_heading,
+    model_label,
+    render_study,
+    run_script,
+)
 from qcal.grid.zipcal import (  # noqa: E402
     EQUIVALENCE_MARGIN,
     SELECTORS,
@@ -91,7 +97,7 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
              markdown_table(["method", "nsamples", "selector", "seeds (sets)", "ppl",
                              "selection s"],
                             rows)]
-    link = ppl_chart(chart, cells, groups, langs, spec.get("model") or "default model")
+    link = ppl_chart(chart, cells, groups, langs, model_label(spec))
     if link:
         parts.append(link)
     if tests:

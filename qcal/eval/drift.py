@@ -48,6 +48,15 @@ def gold_log_odds(probs: np.ndarray, gold: np.ndarray) -> np.ndarray:
             - np.log(np.maximum(others.sum(1), LOG_ODDS_FLOOR)))
 
 
+def gold_changes(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray
+                 ) -> dict[str, np.ndarray]:
+    """Per item model - base of the gold answer's probability ("p") and log-odds
+    ("log_odds")."""
+    rows = np.arange(len(gold))
+    return {"p": model_probs[rows, gold] - base_probs[rows, gold],
+            "log_odds": gold_log_odds(model_probs, gold) - gold_log_odds(base_probs, gold)}
+
+
 def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray,
                quantiles: int = 4) -> dict[str, Any]:
     """Per-item conf_true change, answer flips, and their concentration by base confidence."""
@@ -60,8 +69,8 @@ def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray
         raise ConfigError("no items to compare; check the task's item file or --limit")
     rows = np.arange(len(gold))
     ct_b, ct_m = bp[rows, gold], mp[rows, gold]
-    delta = ct_m - ct_b
-    delta_log_odds = gold_log_odds(mp, gold) - gold_log_odds(bp, gold)
+    changes = gold_changes(bp, mp, gold)
+    delta, delta_log_odds = changes["p"], changes["log_odds"]
     pred_b, pred_m = bp.argmax(1), mp.argmax(1)
     flips = pred_b != pred_m
     corr_b, corr_m = pred_b == gold, pred_m == gold

@@ -214,6 +214,12 @@ def with_holm(tests: Sequence[dict[str, Any]], alpha: float = 1 - LEVEL,
             for t, q in zip(tests, adjusted, strict=True)]
 
 
+def significant(test: dict[str, Any]) -> bool:
+    """Whether a test counts as significant: after Holm for one that went through
+    `with_holm`, else its own interval."""
+    return bool(test.get("significant_holm", test["significant"]))
+
+
 def verdict(test: dict[str, Any], better_when_lower: bool = True) -> str:
     """'A better (p=...)', 'B better (p=...)' or 'no significant difference (p=...)'; a test
     that went through `with_holm` and does not survive the adjustment says so."""

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from qcal.eval.confidence import confidence_metrics
-from qcal.eval.drift import gold_log_odds, item_drift
-from qcal.eval.stats import mean_ci, paired_mean_test, two_sample_mean_test, with_holm
+from qcal.eval.drift import gold_changes, item_drift
+from qcal.eval.stats import mean_ci, paired_mean_test, significant, two_sample_mean_test, with_holm
 from qcal.grid.evidence import model_lm_eval, seed_sorted
 from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
@@ -36,6 +36,7 @@ METRICS = ("acc", "ece", "brier", "nll", "conf_true")
 CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, mostly where the "
          "float model was already unsure")
 SCALES = {"p": "probability", "log_odds": "log-odds"}  # the contrast's scales, in table order
+CLAIM_KEYS = {"p": "claim", "log_odds": "claim_log_odds"}  # where each scale's verdict is kept
 
 
 def by_method(cells: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -88,18 +89,13 @@ def drift_from_float(base: Probs | None, runs: list[Probs | None]) -> dict[str, 
     quartiles = np.array_split(np.argsort(conf_b, kind="stable"), 4)
     quartile_tests = [paired_mean_test(conf_m[idx], conf_b[idx]) if idx.size > 1 else None
                       for idx in quartiles]
-    changes = {"p": conf_m - conf_b,
-               "log_odds": gold_log_odds(probs, gold) - gold_log_odds(base[0], gold)}
+    changes = gold_changes(base[0], probs, gold)
     unsure, rest = quartiles[0], np.concatenate(quartiles[1:])
     unsure_vs_rest = ({scale: two_sample_mean_test(change[unsure], change[rest])
                        for scale, change in changes.items()}
                       if unsure.size > 1 and rest.size > 1 else {})
     return {"seeds": len(runs), "drift": drift, "acc_test": acc_test, "conf_true_test": conf_test,
             "quartile_tests": quartile_tests, "unsure_vs_rest": unsure_vs_rest}
-
-
-def _significant(test: dict[str, Any]) -> bool:
-    return bool(test.get("significant_holm", test["significant"]))
 
 
 def quartile_claim(drift: dict[str, Any], scale: str = "p") -> str:
@@ -110,10 +106,10 @@ def quartile_claim(drift: dict[str, Any], scale: str = "p") -> str:
     loses significantly more, 'disagrees' when significantly less, 'not shown' when the
     difference is not significant. Tests that went through Holm are read after it."""
     test = drift["conf_true_test"]
-    if not (_significant(test) and test["delta"] < 0):
+    if not (significant(test) and test["delta"] < 0):
         return "no drop"
     contrast = drift["unsure_vs_rest"].get(scale)
-    if contrast is None or not _significant(contrast):
+    if contrast is None or not significant(contrast):
         return "not shown"
     return "agrees" if contrast["delta"] < 0 else "disagrees"
 
@@ -138,8 +134,7 @@ def _holm_over_study(out: dict[str, Any]) -> None:
         for drift, test in zip(family, adjusted, strict=True):
             drift["unsure_vs_rest"] = {**drift["unsure_vs_rest"], scale: test}
     for drift in drifts:
-        drift["claim"] = quartile_claim(drift, "p")
-        drift["claim_log_odds"] = quartile_claim(drift, "log_odds")
+        drift.update({key: quartile_claim(drift, scale) for scale, key in CLAIM_KEYS.items()})
 
 
 def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
@@ -183,7 +178,7 @@ def findings(per_task: dict[str, Any]) -> list[str]:
         if not drifts:
             continue
         parts = []
-        for scale, key in (("p", "claim"), ("log_odds", "claim_log_odds")):
+        for scale, key in CLAIM_KEYS.items():
             claims = {task: d[key] for task, d in drifts.items()}
             counts = ", ".join(f"{c} {sum(v == c for v in claims.values())}" for c in verdicts)
             parts.append(f"in {SCALES[scale]}: {counts} ("

@@ -23,11 +23,16 @@ def shown(path: Path, root: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
+def model_label(spec: dict[str, Any]) -> str:
+    """The model a grid ran, as the study reports name it."""
+    return spec.get("model") or DEFAULT_MODEL
+
+
 def grid_heading(run: Path, root: Path, spec: dict[str, Any], done: int, missing: list[str],
                  extra: str = "") -> list[str]:
     """The model's heading and a line with the grid's command and how many cells are done
     (PARTIAL and the missing cells, if any); `extra` is appended to that line."""
-    return [f"## {spec.get('model') or DEFAULT_MODEL} (`{shown(run, root)}`)",
+    return [f"## {model_label(spec)} (`{shown(run, root)}`)",
             f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
             f"{done} of {done + len(missing)}"
             + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "")

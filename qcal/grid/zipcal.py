@@ -16,7 +16,7 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
-from qcal.eval.stats import with_holm
+from qcal.eval.stats import significant, with_holm
 from qcal.grid.evidence import model_ppl, multiple_comparisons, seed_sorted
 from qcal.grid.multilingual import seeded_test
 
@@ -47,7 +47,7 @@ def equivalence(test: dict[str, Any], margin: float = EQUIVALENCE_MARGIN) -> str
     low, high = test["ci_low"] / test["ppl_b"], test["ci_high"] / test["ppl_b"]
     if -margin <= low and high <= margin:
         return "matches"
-    if test.get("significant_holm", test["significant"]):
+    if significant(test):
         return "beats" if test["delta"] < 0 else "trails"
     return "inconclusive"
 
