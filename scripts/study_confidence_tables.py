@@ -36,7 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from qcal.grid.benchmarks import SCORES, cell_text, combined_table  # noqa: E402
-from qcal.grid.confidence_study import CLAIM_KEYS, METRICS, SCALES, findings, study  # noqa: E402
+from qcal.grid.confidence_study import (  # noqa: E402
+    CLAIM_KEYS,
+    CONTRASTS,
+    METRICS,
+    RANKS,
+    SCALES,
+    findings,
+    study,
+)
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.study_plots import Point, from_test, interval_chart  # noqa: E402
 from qcal.grid.study_tables import (  # noqa: E402
@@ -134,7 +142,7 @@ def drift_rows(per_task: dict[str, Any]
                           "-" if conf["p_ttest"] is None else f"{conf['p_ttest']:.3g}",
                           f"{conf['p_holm']:.3g}" if "p_holm" in conf else "-",
                           f"{d['drift']['flip_rate']:.3f}",
-                          *[d[key] for key in CLAIM_KEYS.values()]])
+                          *[d[CLAIM_KEYS[scale]] for scale in SCALES]])
             for q, test in zip(d["drift"]["by_base_conf_quantile"], d["quartile_tests"],
                                strict=True):
                 lo, hi = q["base_conf_true_range"]
@@ -144,18 +152,28 @@ def drift_rows(per_task: dict[str, Any]
                                   else f"{test['p_ttest']:.3g}",
                                   f"{q['delta_log_odds_true']:+.3f}",
                                   f"{q['share_of_loss']:.2f}", f"{q['flip_rate']:.3f}"])
-            for scale, label in SCALES.items():
-                t = d["unsure_vs_rest"].get(scale)
-                if t is None:
-                    continue
-                contrasts.append([task, method, label,
-                                  f"{t['mean_a']:+.4f}", f"{t['mean_b']:+.4f}",
-                                  f"{t['delta']:+.4f} [{t['ci_low']:+.4f}, {t['ci_high']:+.4f}]",
-                                  "-" if t["p_ttest"] is None else f"{t['p_ttest']:.3g}",
-                                  f"{t['p_holm']:.3g}" if "p_holm" in t else "-",
-                                  "-" if t["effect_d"] is None else f"{t['effect_d']:+.2f}",
-                                  d[CLAIM_KEYS[scale]]])
+            for contrast in CONTRASTS:
+                t = d["unsure_vs_rest"].get(contrast)
+                if t is not None:
+                    *cells, effect = contrast_cells(contrast, t)
+                    contrasts.append([task, method, *cells,
+                                      f"{t['p_holm']:.3g}" if "p_holm" in t else "-",
+                                      effect, d[CLAIM_KEYS[contrast]]])
     return drift, quartiles, contrasts
+
+
+def contrast_cells(contrast: str, t: dict[str, Any]) -> list[str]:
+    """Scale, test, Q1, Q2-4, difference, p and effect of one unsure-vs-rest contrast: means,
+    their difference [bootstrap CI], Welch p and Cohen's d; or, for a rank test, medians,
+    the Hodges-Lehmann shift, Mann-Whitney p and the rank-biserial r."""
+    if contrast.endswith(RANKS):
+        return [SCALES[contrast.removesuffix(RANKS)], "Mann-Whitney U",
+                f"{t['median_a']:+.4f}", f"{t['median_b']:+.4f}", f"{t['delta']:+.4f}",
+                f"{t['p']:.3g}", f"r {t['effect_r']:+.2f}"]
+    return [SCALES[contrast], "Welch t", f"{t['mean_a']:+.4f}", f"{t['mean_b']:+.4f}",
+            f"{t['delta']:+.4f} [{t['ci_low']:+.4f}, {t['ci_high']:+.4f}]",
+            "-" if t["p_ttest"] is None else f"{t['p_ttest']:.3g}",
+            "-" if t["effect_d"] is None else f"d {t['effect_d']:+.2f}"]
 
 
 def drift_chart(chart: Path, per_task: dict[str, Any], model: str) -> str | None:
@@ -227,14 +245,17 @@ def main() -> None:
                                        "items", "float conf_true", "Δconf_true", "p", "Δlog-odds",
                                        "share of loss", "flips"], quartiles),
                        "### The claim as a test: least confident quartile vs the other three",
-                       "Mean change of the float model's least confident quartile (Q1) and of "
-                       "the other three (Q2-4), their difference [95% bootstrap CI], Welch's "
-                       "t-test, Holm over every task and model per scale, Cohen's d. The claim "
-                       "agrees when Q1 loses significantly more after Holm (and the overall "
-                       "drop is significant after Holm), disagrees when it loses significantly "
-                       "less.",
-                       markdown_table(["task", "model", "scale", "Δ Q1", "Δ Q2-4", "Q1 - rest",
-                                       "p", "p (Holm)", "d", "verdict"], contrasts),
+                       "Welch t: mean change of the float model's least confident quartile "
+                       "(Q1) and of the other three (Q2-4), their difference [95% bootstrap "
+                       "CI], Welch's t-test, Cohen's d. Mann-Whitney U: the same changes on "
+                       "ranks (medians, Hodges-Lehmann shift, rank-biserial r), a check that "
+                       "a few extreme items do not make the verdict. Holm over every task and "
+                       "model per scale and test. The claim agrees when Q1 loses "
+                       "significantly more after Holm (and the overall drop is significant "
+                       "after Holm), disagrees when it loses significantly less.",
+                       markdown_table(["task", "model", "scale", "test", "Δ Q1", "Δ Q2-4",
+                                       "Q1 - rest", "p", "p (Holm)", "effect", "verdict"],
+                                      contrasts),
                        "### Findings (computed from the tables above)",
                        "\n".join(findings(per_task)) or "(no quantized cells yet)"]
     command = ("python scripts/study_confidence_tables.py "

@@ -11,8 +11,10 @@ unsure. That claim is tested as a contrast: the change in the least confident qu
 against the change in the other three (Welch's t-test), on two scales: probability, as the
 claim is worded, and the gold answer's log-odds, which has no floor or ceiling (on
 probabilities the unsure items can hardly lose and the sure ones hardly gain, whatever
-quantization does; see qcal.eval.drift). Each family of tests over all tasks and methods
-(the gold-answer confidence changes, and the contrast on each scale) is Holm-adjusted, and
+quantization does; see qcal.eval.drift). On each scale a rank test (Mann-Whitney U) checks
+that a few extreme items do not make the verdict (log-odds changes have long tails). Each
+family of tests over all tasks and methods (the gold-answer confidence changes, and each
+contrast: scale x test) is Holm-adjusted, and
 the verdicts read the adjusted tests. A calibrated method's item probabilities are averaged
 over its seeds first (the expected model of a random calibration draw; gold-answer
 confidence is linear in them).
@@ -27,7 +29,15 @@ import numpy as np
 
 from qcal.eval.confidence import confidence_metrics
 from qcal.eval.drift import gold_changes, item_drift
-from qcal.eval.stats import mean_ci, paired_mean_test, significant, two_sample_mean_test, with_holm
+from qcal.eval.stats import (
+    mean_ci,
+    paired_mean_test,
+    rank_shift_test,
+    significant,
+    test_p,
+    two_sample_mean_test,
+    with_holm,
+)
 from qcal.grid.evidence import model_lm_eval, seed_sorted
 from qcal.grid.report import float_key, item_probs
 from qcal.grid.spec import FLOAT_CELL
@@ -36,7 +46,12 @@ METRICS = ("acc", "ece", "brier", "nll", "conf_true")
 CLAIM = ("published claim: 4-bit GPTQ lowers confidence on the gold answer, mostly where the "
          "float model was already unsure")
 SCALES = {"p": "probability", "log_odds": "log-odds"}  # the contrast's scales, in table order
-CLAIM_KEYS = {"p": "claim", "log_odds": "claim_log_odds"}  # where each scale's verdict is kept
+RANKS = "_ranks"  # suffix of a scale's rank-test contrast
+# The contrasts (Welch t on each scale, then the rank test on each), and where each verdict
+# is kept in a drift entry.
+CONTRASTS = {**SCALES, **{s + RANKS: f"{label}, ranks" for s, label in SCALES.items()}}
+CLAIM_KEYS = {"p": "claim", "log_odds": "claim_log_odds", "p" + RANKS: "claim_ranks",
+              "log_odds" + RANKS: "claim_log_odds_ranks"}
 
 
 def by_method(cells: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -91,50 +106,56 @@ def drift_from_float(base: Probs | None, runs: list[Probs | None]) -> dict[str, 
                       for idx in quartiles]
     changes = gold_changes(base[0], probs, gold)
     unsure, rest = quartiles[0], np.concatenate(quartiles[1:])
-    unsure_vs_rest = ({scale: two_sample_mean_test(change[unsure], change[rest])
-                       for scale, change in changes.items()}
-                      if unsure.size > 1 and rest.size > 1 else {})
+    unsure_vs_rest: dict[str, dict[str, Any]] = {}
+    if unsure.size > 1 and rest.size > 1:
+        for scale, change in changes.items():
+            unsure_vs_rest[scale] = two_sample_mean_test(change[unsure], change[rest])
+            unsure_vs_rest[scale + RANKS] = rank_shift_test(change[unsure], change[rest])
     return {"seeds": len(runs), "drift": drift, "acc_test": acc_test, "conf_true_test": conf_test,
             "quartile_tests": quartile_tests, "unsure_vs_rest": unsure_vs_rest}
 
 
-def quartile_claim(drift: dict[str, Any], scale: str = "p") -> str:
+def quartile_claim(drift: dict[str, Any], contrast: str = "p") -> str:
     """Does the loss of gold-answer confidence concentrate where the float model was unsure?
 
     'no drop' without a significant overall drop; then, from the contrast of the least
-    confident quartile's change against the other three's on `scale`: 'agrees' when it
+    confident quartile's change against the other three's (`contrast`, a key of CONTRASTS:
+    the scale, and the rank test when it ends in RANKS): 'agrees' when it
     loses significantly more, 'disagrees' when significantly less, 'not shown' when the
     difference is not significant. Tests that went through Holm are read after it."""
     test = drift["conf_true_test"]
     if not (significant(test) and test["delta"] < 0):
         return "no drop"
-    contrast = drift["unsure_vs_rest"].get(scale)
-    if contrast is None or not significant(contrast):
+    tested = drift["unsure_vs_rest"].get(contrast)
+    if tested is None or not significant(tested):
         return "not shown"
-    return "agrees" if contrast["delta"] < 0 else "disagrees"
+    return "agrees" if tested["delta"] < 0 else "disagrees"
 
 
 def _contrast_p(test: dict[str, Any]) -> float:
+    if "p" in test:  # rank test
+        return test_p(test)
     # No variance in either group leaves nothing to test: as no difference.
     return 1.0 if test["p_ttest"] is None else test["p_ttest"]
 
 
 def _holm_over_study(out: dict[str, Any]) -> None:
     """Holm over every task and method, per family: the gold-answer confidence changes
-    (t-test p) and the unsure-vs-rest contrast on each scale; then the claims."""
+    (t-test p) and each unsure-vs-rest contrast (scale x test); then the claims."""
     drifts = [entry["drift"] for per_method in out.values() for entry in per_method.values()
               if "drift" in entry]
     tested = [d for d in drifts if d["conf_true_test"]["p_ttest"] is not None]
     adjusted = with_holm([d["conf_true_test"] for d in tested], p_of=lambda t: t["p_ttest"])
     for drift, test in zip(tested, adjusted, strict=True):
         drift["conf_true_test"] = test
-    for scale in SCALES:
-        family = [d for d in drifts if scale in d["unsure_vs_rest"]]
-        adjusted = with_holm([d["unsure_vs_rest"][scale] for d in family], p_of=_contrast_p)
+    for contrast in CONTRASTS:
+        family = [d for d in drifts if contrast in d["unsure_vs_rest"]]
+        adjusted = with_holm([d["unsure_vs_rest"][contrast] for d in family], p_of=_contrast_p)
         for drift, test in zip(family, adjusted, strict=True):
-            drift["unsure_vs_rest"] = {**drift["unsure_vs_rest"], scale: test}
+            drift["unsure_vs_rest"] = {**drift["unsure_vs_rest"], contrast: test}
     for drift in drifts:
-        drift.update({key: quartile_claim(drift, scale) for scale, key in CLAIM_KEYS.items()})
+        drift.update({key: quartile_claim(drift, contrast)
+                      for contrast, key in CLAIM_KEYS.items()})
 
 
 def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
@@ -165,6 +186,28 @@ def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
     return out
 
 
+def _rank_check(per_task: dict[str, Any]) -> list[str]:
+    """A bullet on whether the rank test (Mann-Whitney U) reaches the Welch t-test's verdict
+    on each scale, naming the cases where it does not."""
+    same, differ = 0, []
+    for task, per_method in per_task.items():
+        for method, entry in per_method.items():
+            drift = entry.get("drift")
+            for scale in SCALES if drift else ():
+                welch, ranks = drift[CLAIM_KEYS[scale]], drift[CLAIM_KEYS[scale + RANKS]]
+                if welch == ranks:
+                    same += 1
+                else:
+                    differ.append(f"{task}/{method} in {SCALES[scale]}: {welch} on means, "
+                                  f"{ranks} on ranks")
+    if not same + len(differ):
+        return []
+    return [f"- **ranks**: the rank test (Mann-Whitney U on the same changes, Holm) reaches the "
+            f"t-test's verdict in {same} of {same + len(differ)} task x model x scale cases"
+            + (f"; it differs in {'; '.join(differ)}" if differ else
+               ", so no verdict rests on a few extreme items") + "."]
+
+
 def findings(per_task: dict[str, Any]) -> list[str]:
     """The study's findings as Markdown bullets, from `study`'s output: per method, where
     its loss of gold-answer confidence sits against the published claim on each scale,
@@ -178,14 +221,15 @@ def findings(per_task: dict[str, Any]) -> list[str]:
         if not drifts:
             continue
         parts = []
-        for scale, key in CLAIM_KEYS.items():
-            claims = {task: d[key] for task, d in drifts.items()}
+        for scale, label in SCALES.items():
+            claims = {task: d[CLAIM_KEYS[scale]] for task, d in drifts.items()}
             counts = ", ".join(f"{c} {sum(v == c for v in claims.values())}" for c in verdicts)
-            parts.append(f"in {SCALES[scale]}: {counts} ("
+            parts.append(f"in {label}: {counts} ("
                          + ", ".join(f"{t}: {c}" for t, c in claims.items()) + ")")
         out.append(f"- **{method}**: does the float model's least confident quartile lose more "
                    f"gold-answer confidence than the other three ({CLAIM}; Welch t-test, Holm "
                    f"over tasks and models)? Of {len(drifts)} tasks, " + "; ".join(parts) + ".")
+    out += _rank_check(per_task)
     tests = [entry["drift"]["conf_true_test"] for pm in per_task.values()
              for entry in pm.values() if "p_holm" in entry.get("drift", {}).get("conf_true_test", {})]
     drops = [t for t in tests if t["delta"] < 0 and t["p_ttest"] < 0.05]

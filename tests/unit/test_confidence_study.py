@@ -49,6 +49,9 @@ def test_drop_where_the_float_model_was_unsure_agrees_with_the_claim() -> None:
     assert quartiles[0]["delta_conf_true"] < -0.1 and abs(quartiles[3]["delta_conf_true"]) < 1e-9
     assert drift["quartile_tests"][0]["significant"]
     assert drift["claim"] == "agrees" and drift["claim_log_odds"] == "agrees"
+    assert drift["claim_ranks"] == drift["claim_log_odds_ranks"] == "agrees"
+    ranks = drift["unsure_vs_rest"]["log_odds_ranks"]
+    assert ranks["delta"] < 0 and ranks["effect_r"] < -0.5 and ranks["significant_holm"]
     contrast = drift["unsure_vs_rest"]["p"]
     assert contrast["delta"] < -0.1 and contrast["significant_holm"]
     # Seeds differ by 0.01 in their drop: the interval over seeds has a width.
@@ -60,6 +63,7 @@ def test_drop_where_the_float_model_was_sure_disagrees() -> None:
     out = study(_cells(drop_where_unsure=False), ["boolq"])["boolq"]
     assert out["gptq"]["drift"]["claim"] == "disagrees"
     assert out["gptq"]["drift"]["claim_log_odds"] == "disagrees"
+    assert out["gptq"]["drift"]["claim_log_odds_ranks"] == "disagrees"
 
 
 def test_a_uniform_shift_in_log_odds_disagrees_on_probabilities_only() -> None:
@@ -77,6 +81,7 @@ def test_a_uniform_shift_in_log_odds_disagrees_on_probabilities_only() -> None:
     assert drift["conf_true_test"]["delta"] < 0 and drift["conf_true_test"]["significant_holm"]
     assert drift["claim"] == "disagrees"
     assert drift["claim_log_odds"] == "not shown"
+    assert drift["claim_log_odds_ranks"] == "not shown"
     quartiles = drift["drift"]["by_base_conf_quantile"]
     assert all(abs(q["delta_log_odds_true"] + 0.6) < 0.1 for q in quartiles)
 
@@ -86,7 +91,7 @@ def test_no_change_is_no_drop() -> None:
     cells = {"float": _cell(None, None, base), "none__rtn": _cell("rtn", None, base)}
     drift = study(cells, ["boolq"])["boolq"]["rtn"]["drift"]
     assert quartile_claim(drift) == "no drop" and not drift["acc_test"]["significant"]
-    assert drift["claim"] == drift["claim_log_odds"] == "no drop"
+    assert drift["claim"] == drift["claim_log_odds"] == drift["claim_ranks"] == "no drop"
 
 
 def test_gold_confidence_tests_are_one_holm_family() -> None:
@@ -104,7 +109,32 @@ def test_gold_confidence_tests_are_one_holm_family() -> None:
     text = "\n".join(findings(study(cells, ["boolq"])))
     assert "Of 1 tasks, in probability: agrees 1, disagrees 0, not shown 0, no drop 0 " \
            "(boolq: agrees); in log-odds: agrees 1," in text
+    assert "- **ranks**: the rank test (Mann-Whitney U on the same changes, Holm) reaches " \
+           "the t-test's verdict in 4 of 4 task x model x scale cases" in text
     assert "- **rtn**: does the float model's least confident quartile lose more" in text
     assert "(boolq: no drop)" in text
     assert "1 of 2 task x model gold-answer confidence changes are drops with t-test p < " \
            "0.05; 1 remains after Holm's correction over all 2." in text
+
+
+def test_a_few_extreme_items_are_named_where_ranks_and_means_disagree() -> None:
+    """Ten unsure items collapse (gold log-odds -25) while every other item loses a little:
+    the least confident quartile's *mean* log-odds change is the larger loss, but most of its
+    items lose less than the rest, and the rank test says so."""
+    rng = np.random.default_rng(8)
+    base = rng.uniform(0.1, 0.9, size=N)
+    logit = np.log(base / (1 - base))
+    order = np.argsort(base)
+    cells = {"float": _cell(None, None, base)}
+    for seed in (0, 1, 2):
+        shifted = logit.copy()
+        shifted[order[N // 4:]] -= 0.3 + rng.normal(0, 0.02, size=N - N // 4)
+        shifted[order[:N // 4]] += rng.normal(0, 0.02, size=N // 4)
+        shifted[order[:10]] -= 25.0
+        cells[f"random__gptq__s{seed}"] = _cell("gptq", seed, 1 / (1 + np.exp(-shifted)))
+    out = study(cells, ["boolq"])
+    drift = out["boolq"]["gptq"]["drift"]
+    assert drift["claim_log_odds"] == "agrees"
+    assert drift["claim_log_odds_ranks"] == "disagrees"
+    text = "\n".join(findings(out))
+    assert "it differs in boolq/gptq in log-odds: agrees on means, disagrees on ranks" in text

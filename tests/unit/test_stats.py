@@ -12,6 +12,7 @@ from qcal.eval.stats import (
     mean_ci,
     paired_mean_test,
     paired_ppl_test,
+    rank_shift_test,
     seeded_ppl_test,
     two_sample_mean_test,
     verdict,
@@ -81,6 +82,39 @@ def test_two_sample_test_matches_welch_and_sees_a_shift() -> None:
     assert flat["p_ttest"] is None and flat["effect_d"] is None and not flat["significant"]
     with pytest.raises(ValueError, match="two values"):
         two_sample_mean_test([1.0], [1.0, 2.0])
+
+
+def test_rank_test_matches_mann_whitney_and_resists_one_extreme_value() -> None:
+    from scipy import stats
+
+    rng = np.random.default_rng(6)
+    low, rest = rng.normal(-0.5, 1.0, 100), rng.normal(0.0, 1.0, 300)
+    test = rank_shift_test(low, rest)
+    u = stats.mannwhitneyu(low, rest, alternative="two-sided", method="asymptotic")
+    assert test["p"] == pytest.approx(u.pvalue) and test["significant"]
+    assert test["effect_r"] == pytest.approx(2 * u.statistic / (100 * 300) - 1)
+    assert test["effect_r"] < 0
+    assert test["delta"] == pytest.approx(np.median(low[:, None] - rest[None, :]))
+    assert -0.8 < test["delta"] < -0.2 and test["units"] == [100, 300]
+    # One huge value moves the mean test's verdict, not the rank test's.
+    same_a, same_b = rng.normal(0, 1, 100), rng.normal(0, 1, 300)
+    same_a[0] = -1e4
+    assert two_sample_mean_test(same_a, same_b)["delta"] < -50
+    assert not rank_shift_test(same_a, same_b)["significant"]
+    tied = rank_shift_test([2.0, 2.0], [2.0, 2.0, 2.0])
+    assert tied["p"] == 1.0 and tied["effect_r"] == 0.0 and tied["delta"] == 0.0
+    with pytest.raises(ValueError, match="two values"):
+        rank_shift_test([1.0, 2.0], [1.0])
+
+
+def test_rank_shift_is_sampled_for_large_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    import qcal.eval.stats as stats_module
+
+    monkeypatch.setattr(stats_module, "MAX_SHIFT_PAIRS", 5_000)
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(1.0, 0.1, 200), rng.normal(0.0, 0.1, 200)
+    test = stats_module.rank_shift_test(a, b)
+    assert test["delta"] == pytest.approx(1.0, abs=0.05) and test["effect_r"] == 1.0
 
 
 def test_paired_test_refuses_different_windows() -> None:
