@@ -14,10 +14,9 @@ probabilities the unsure items can hardly lose and the sure ones hardly gain, wh
 quantization does; see qcal.eval.drift). On each scale a rank test (Mann-Whitney U) checks
 that a few extreme items do not make the verdict (log-odds changes have long tails). Each
 family of tests over all tasks and methods (the gold-answer confidence changes, and each
-contrast: scale x test) is Holm-adjusted, and
-the verdicts read the adjusted tests. A calibrated method's item probabilities are averaged
-over its seeds first (the expected model of a random calibration draw; gold-answer
-confidence is linear in them).
+contrast: scale x test) is Holm-adjusted, and the verdicts read the adjusted tests. A
+calibrated method's item probabilities are averaged over its seeds first (the expected
+model of a random calibration draw; gold-answer confidence is linear in them).
 """
 
 from __future__ import annotations
