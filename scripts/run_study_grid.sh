@@ -8,6 +8,8 @@
 # perplexity windows of 512 tokens per language; 100 task items.
 # GPTQ runs with act-order: on this model it is what makes GPTQ beat RTN (results/gptq.md).
 # Re-running continues where it stopped; finished cells are never recomputed.
+# Tables: results/multilingual_grid/tables.md and results/zipcal_grid/tables.md (the
+# seeded issue-15 studies, scripts/run_evidence_studies.sh, supersede them).
 # Extra arguments go to both `qcal compare` calls (e.g. --jobs 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."

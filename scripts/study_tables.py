@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Multilingual-calibration and ZipCal tables from the study grid (results/study).
+"""Multilingual-calibration and ZipCal tables of the issue-8 study (one seed, small budget).
 
 Reads the cells of the two grids run by `scripts/run_study_grid.sh`
-(results/multilingual_grid, results/zipcal_grid) and writes
-results/multilingual.{md,json} and results/zipcal.{md,json}. Every number comes
+(results/multilingual_grid, results/zipcal_grid) and writes tables.{md,json} beside
+each grid's cells. (results/multilingual.md and results/zipcal.md belong to the seeded
+issue-15 studies, scripts/run_evidence_studies.sh, which supersede these.) Every number comes
 from the grid's cells (and, for selection cost, results/selectors.json); the
 comparison with the published findings is computed from those numbers.
 Run: python scripts/study_tables.py
@@ -119,9 +120,9 @@ def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None
         "Caveats: 16 calibration windows of 256 tokens per set and 4 evaluation windows of 512 "
         "tokens per language (a 2-core CPU budget), one seed, a 135M model whose float weights "
         "are themselves dequantized Q4_1, so differences of a few tenths are within noise.",
-        *[f"![{p}](multilingual_grid/{p})" for p in plots],
+        *[f"![{p}]({p})" for p in plots],  # beside the tables, in the grid folder
     ])
-    write_results(ROOT / "results" / "multilingual", data, md)
+    write_results(ROOT / "results" / "multilingual_grid" / "tables", data, md)
 
 
 def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
@@ -183,9 +184,9 @@ def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
         markdown_table(["cell", "task", "acc", "ece", "d_conf_true"], acc_rows, ".3f"),
         "## Findings", "\n".join(findings) or "(no finished cells yet)", cost_line,
     ])
-    write_results(ROOT / "results" / "zipcal", {"provenance": prov, "perplexity": table,
-                                                 "calibration_stats": stats,
-                                                 "findings": findings}, md)
+    write_results(ROOT / "results" / "zipcal_grid" / "tables",
+                  {"provenance": prov, "perplexity": table, "calibration_stats": stats,
+                   "findings": findings}, md)
 
 
 def selection_cost(cells: dict) -> dict[str, dict[str, float]]:
