@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run the bad-input and fault suite and write results/reliability.{json,md}.
 
-Each row is a case that tests/integration/test_bad_input.py ran and checked (exit
+Each row is a case that tests/integration/test_bad_input_{safety,errors}.py ran and checked (exit
 code, the one error line, nothing outside the output touched, payloads not run);
 the line shown is what qcal printed. A case whose test failed is listed as FAILED.
 
@@ -24,14 +24,15 @@ sys.path.insert(0, str(ROOT))
 
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
 
-SUITE = "tests/integration/test_bad_input.py"
+SUITE = ("tests/integration/test_bad_input_safety.py",
+         "tests/integration/test_bad_input_errors.py")
 
 
 def run_suite() -> tuple[list[dict], dict[str, str]]:
     with tempfile.TemporaryDirectory() as tmp:
         log, junit = Path(tmp) / "cases.jsonl", Path(tmp) / "junit.xml"
         env = {**os.environ, "QCAL_RELIABILITY_LOG": str(log)}
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", SUITE,
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITE,
                         f"--junitxml={junit}"], cwd=ROOT, env=env, check=False)
         rows = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
         outcomes: dict[str, str] = {}
@@ -57,7 +58,7 @@ def main() -> None:
     for test, status in sorted(outcomes.items()):
         if test not in recorded and status != "passed":
             table.append([test, "-", "-", "-", status])
-    prov = provenance("python scripts/reliability_table.py", suite=SUITE,
+    prov = provenance("python scripts/reliability_table.py", suite=", ".join(SUITE),
                       model="tiny random Llama (qcal.model.tiny, 2 layers), built by the tests")
     handled = sum(1 for row in table if row[-1] == "handled")
     skipped = sum(1 for row in table if row[-1] == "skipped")

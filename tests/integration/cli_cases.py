@@ -1,0 +1,93 @@
+"""What the bad-input suites share: `Cli` runs qcal in-process and records each refused
+case for results/reliability.md (scripts/reliability_table.py); content digests,
+argument builders for the tiny model, a pickle payload. Fixtures `cli` and `home` are
+in conftest.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from qcal.cli import main
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under `root` with its content hash: 'nothing was touched' made checkable."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+class Cli:
+    """Runs `qcal` in-process; records each case for the reliability table."""
+
+    def __init__(self, capsys: pytest.CaptureFixture, request: pytest.FixtureRequest) -> None:
+        self.capsys, self.request = capsys, request
+
+    def __call__(self, *argv: str) -> tuple[int, str]:
+        self.capsys.readouterr()
+        rc = main([str(a) for a in argv])
+        err = self.capsys.readouterr().err
+        return rc, err
+
+    def refused(self, *argv: str, match: str, case: str) -> str:
+        """Exit 2 with exactly one `error:` line that contains `match`; returns that line."""
+        rc, err = self(*argv)
+        errors = [ln for ln in err.splitlines() if "error:" in ln]
+        assert rc == 2, err
+        assert "Traceback" not in err
+        assert len(errors) == 1, err
+        assert match in errors[0], errors[0]
+        self.record(case, argv, rc, errors[0])
+        return errors[0]
+
+    def record(self, case: str, argv: tuple, rc: int, line: str) -> None:
+        log = os.environ.get("QCAL_RELIABILITY_LOG")
+        if not log:
+            return
+        tmp = str(self.request.getfixturevalue("tmp_path"))
+
+        def short(text: str) -> str:  # the test's temp folder stands for the user's folder
+            return text.replace(tmp, "$T")
+
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"test": self.request.node.name, "case": case,
+                                     "command": short("qcal " + " ".join(map(str, argv))),
+                                     "exit": rc, "line": short(line.strip())}) + "\n")
+
+
+def fsio_host() -> str:
+    from qcal import fsio
+
+    return fsio._HOST
+
+
+def dead_writer() -> str:
+    """`<host>-<pid>` of a process that has exited, as a killed qcal leaves in temp names."""
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return f"{fsio_host()}-{proc.pid}"
+
+
+def gptq_args(x: Path, out: Path, *extra: str) -> list[str]:
+    return ["quantize", "--model", x / "mymodel", "--method", "gptq", "--group-size", "32",
+            "--calib", x / "calib.txt", "--nsamples", "4", "--seqlen", "32", "-o", out, *extra]
+
+
+def rtn_args(x: Path, out: Path, *extra: str) -> list[str]:
+    return ["quantize", "--model", x / "mymodel", "--group-size", "32", "-o", out, *extra]
+
+
+class Payload:
+    """A pickle that, if ever unpickled, creates `flag`."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.flag}",))
