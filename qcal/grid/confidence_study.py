@@ -187,13 +187,16 @@ def study(cells: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
 
 def _rank_check(per_task: dict[str, Any]) -> list[str]:
     """A bullet on whether the rank test (Mann-Whitney U) reaches the Welch t-test's verdict
-    on each scale, naming the cases where it does not."""
+    on each scale, naming the cases where it does not. Only significant drops count: without
+    one both verdicts are 'no drop' whatever the contrasts say."""
     same, differ = 0, []
     for task, per_method in per_task.items():
         for method, entry in per_method.items():
             drift = entry.get("drift")
             for scale in SCALES if drift else ():
                 welch, ranks = drift[CLAIM_KEYS[scale]], drift[CLAIM_KEYS[scale + RANKS]]
+                if welch == "no drop":
+                    continue
                 if welch == ranks:
                     same += 1
                 else:
@@ -202,7 +205,8 @@ def _rank_check(per_task: dict[str, Any]) -> list[str]:
     if not same + len(differ):
         return []
     return [f"- **ranks**: the rank test (Mann-Whitney U on the same changes, Holm) reaches the "
-            f"t-test's verdict in {same} of {same + len(differ)} task x model x scale cases"
+            f"t-test's verdict in {same} of the {same + len(differ)} (significant drop x "
+            "scale) cases"
             + (f"; it differs in {'; '.join(differ)}" if differ else
                ", so no verdict rests on a few extreme items") + "."]
 

@@ -110,7 +110,7 @@ def test_gold_confidence_tests_are_one_holm_family() -> None:
     assert "Of 1 tasks, in probability: agrees 1, disagrees 0, not shown 0, no drop 0 " \
            "(boolq: agrees); in log-odds: agrees 1," in text
     assert "- **ranks**: the rank test (Mann-Whitney U on the same changes, Holm) reaches " \
-           "the t-test's verdict in 4 of 4 task x model x scale cases" in text
+           "the t-test's verdict in 2 of the 2 (significant drop x scale) cases" in text
     assert "- **rtn**: does the float model's least confident quartile lose more" in text
     assert "(boolq: no drop)" in text
     assert "1 of 2 task x model gold-answer confidence changes are drops with t-test p < " \
