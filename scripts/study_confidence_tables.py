@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.grid.benchmarks import SCORES, cell_text, combined_table  # noqa: E402
+from qcal.grid.benchmarks import SCORES, cell_text, combined_table, share_text  # noqa: E402
 from qcal.grid.confidence_study import (  # noqa: E402
     CLAIM_KEYS,
     CONTRASTS,
@@ -62,7 +62,8 @@ def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[ob
     """Table rows of `combined_table`'s rows; `names[source]` is the grid a row came from."""
     return [[("&nbsp;&nbsp;" * r["depth"]) + r["task"], r["model"], r["seeds"],
              r["items"] if r["items"] is not None else "-",
-             *[cell_text(r, m) for m in SCORES], names[r["source"]]] for r in rows]
+             *[cell_text(r, m) for m in SCORES], share_text(r, "majority"),
+             share_text(r, "top_answer"), names[r["source"]]] for r in rows]
 
 
 def accuracy_chart(chart: Path, rows: list[dict[str, Any]], model: str) -> str | None:
@@ -104,7 +105,7 @@ def bench_section(run: Path, conf_grids: list[Path], chart: Path
                     "the mean over its seeds).")
     rows = combined_table(sources)
     table = markdown_table(["task", "model", "seeds", "items", "acc", "acc_norm", "perplexity",
-                            "grid"], benchmark_rows(rows, names))
+                            "majority", "top answer", "grid"], benchmark_rows(rows, names))
     link = accuracy_chart(chart, rows, model_label(spec))
     return [*head, table, *([link] if link else [])], {"spec": spec, "missing": missing,
                                                         "grids": names, "rows": rows}
@@ -270,7 +271,11 @@ def main() -> None:
     bench_intro = ("Each score is lm-eval's own (acc, acc_norm; perplexity for lambada_openai) "
                    "± lm-eval's stderr; a method with several calibration seeds shows the mean "
                    "of each. Groups are followed by their direct subtasks (indented); a "
-                   "group's items are the sum over its tasks.")
+                   "group's items are the sum over its tasks. majority: share of items whose "
+                   "gold answer is the most common one (the accuracy of always giving it); "
+                   "top answer: share of items on which the model gives its own most common "
+                   "answer (raw log-likelihood; near 1, the model answers alike whatever the "
+                   "item, and its accuracy is the baseline, not skill).")
     write_results(args.out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
                   "\n\n".join(["# Benchmarks: float and 4-bit methods on real lm-eval tasks",
                                provenance_markdown(prov), intro, bench_intro, *bench_parts]))

@@ -172,15 +172,44 @@ def _gold_index(target: Any, choices: list[str]) -> int:
     return int(target)
 
 
+def _multiple_input(sample: dict[str, Any]) -> bool:
+    """lm-eval's 'multiple input' items (WinoGrande): the choices are contexts and the
+    continuation is the same for all, so the logged target names no choice."""
+    args = sample["arguments"]
+    return len(args) > 1 and len({a[1] for a in args}) == 1 and len({a[0] for a in args}) > 1
+
+
+def _first_argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=values.__getitem__)  # first maximum, as np.argmax
+
+
 def extract_items(samples: list[dict[str, Any]], config: dict[str, Any]) -> list[ItemRecord]:
-    """Per-item records from lm-eval's logged samples of one multiple-choice task."""
+    """Per-item records from lm-eval's logged samples of one multiple-choice task. Each
+    item's gold index is checked against lm-eval's own per-item accuracy, so confidence
+    metrics never rest on a misread answer."""
     delimiter = config.get("target_delimiter", " ")
+    name = config.get("task", "?")
     out = []
     for s in samples:
         choices = _choice_texts(s, delimiter)
         lls = [float(r[0]) for r in s["filtered_resps"]][: len(choices)]
-        out.append(ItemRecord(int(s["doc_id"]), lls, [len(c) for c in choices],
-                              _gold_index(s["target"], choices)))
+        pred = _first_argmax(lls)
+        if _multiple_input(s):
+            # lm-eval takes the gold index from doc_to_text, which the log does not keep;
+            # its per-item acc says whether the prediction was it (unique with two choices).
+            if "acc" not in s or (s["acc"] != 1.0 and len(lls) != 2):
+                raise TaskError(f"task {name}: the gold answer of a multiple-input item with "
+                                f"{len(lls)} choices cannot be read from lm-eval's log; leave "
+                                "the task out of confidence metrics")
+            gold = pred if s["acc"] == 1.0 else 1 - pred
+        else:
+            gold = _gold_index(s["target"], choices)
+            if "acc" in s and not isinstance(s["target"], list) and \
+                    (pred == gold) != (s["acc"] == 1.0):
+                raise TaskError(f"task {name}: item {s['doc_id']}'s gold answer {gold} disagrees "
+                                "with lm-eval's own accuracy for it; its confidence metrics "
+                                "would be wrong (report this task config)")
+        out.append(ItemRecord(int(s["doc_id"]), lls, [len(c) for c in choices], gold))
     return sorted(out, key=lambda r: r.doc_id)
 
 

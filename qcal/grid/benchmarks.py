@@ -6,11 +6,17 @@ direct subtask (mmlu's four categories, multiemo's languages), from the group st
 lm-eval reported with the float cell's results. Each row gives the items scored, acc and
 acc_norm with lm-eval's stderr, and perplexity where the task reports one
 (lambada_openai); a method run with several calibration seeds shows their mean, and the
-mean of their stderrs.
+mean of their stderrs. Where the cells kept the items' scores (multiple-choice tasks), a
+row also gives two answer shares: `majority`, the share of items whose gold answer is the
+most common one (the accuracy of always giving that answer, a baseline lm-eval does not
+print), and `top_answer`, the share of items on which the model gives its own most common
+answer: near 1, the model answers the same whatever the item, and its accuracy is that
+baseline, not skill.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from statistics import mean
 from typing import Any
 
@@ -57,6 +63,38 @@ def scores(results: dict[str, Any], task: str) -> dict[str, float]:
     return out
 
 
+def task_items(rec: dict[str, Any], task: str, children: dict[str, list[str]]
+               ) -> list[dict[str, Any]]:
+    """The items a cell kept for `task` (log-likelihood per choice and gold); a group's are
+    its tasks' items, at any depth."""
+    own = (rec.get("items") or {}).get(task)
+    if own:
+        return list(own)
+    return [item for sub in children.get(task, []) for item in task_items(rec, sub, children)]
+
+
+def answer_shares(recs: list[dict[str, Any]], task: str, children: dict[str, list[str]]
+                  ) -> dict[str, float]:
+    """{'majority': share of items whose gold is the most common gold index, 'top_answer':
+    share on which the model picks its most common choice index (mean over seeds)}; empty
+    when the cells kept no items for the task. Tasks whose items have different numbers of
+    choices count indices all the same: the shares stay shares of items."""
+    # A single 'choice' (a plain continuation) has no answer to prefer.
+    per_seed = [[it for it in task_items(rec, task, children) if len(it["lls"]) > 1]
+                for rec in recs]
+    per_seed = [items for items in per_seed if items]
+    if not per_seed:
+        return {}
+
+    def top_share(indices: list[int]) -> float:
+        return max(Counter(indices).values()) / len(indices)
+
+    golds = [int(item["gold"]) for item in per_seed[0]]
+    picks = [top_share([max(range(len(it["lls"])), key=it["lls"].__getitem__) for it in items])
+             for items in per_seed]
+    return {"majority": top_share(golds), "top_answer": mean(picks)}
+
+
 def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
     """One row per (task or subtask, model): items, seeds and the mean of each score."""
     float_rec = cells.get(FLOAT_CELL)
@@ -65,6 +103,7 @@ def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[
     if not models:
         return []
     layout_info = model_lm_eval(models[0][1][0])["info"]
+    children = layout_info.get("group_subtasks") or {}
     rows = []
     for task, depth in task_rows(tasks, layout_info):
         for label, recs in models:
@@ -80,6 +119,7 @@ def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[
             for key in {k for s in per_seed for k in s}:
                 values = [s[key] for s in per_seed if key in s]
                 row[key] = mean(values)
+            row.update(answer_shares(recs, task, children))
             rows.append(row)
     return rows
 
@@ -106,3 +146,8 @@ def cell_text(row: dict[str, Any], metric: str) -> str:
     err = row.get(f"{metric}_stderr")
     digits = 2 if metric == "perplexity" else 4
     return f"{row[metric]:.{digits}f}" + ("" if err is None else f" ± {err:.{digits}f}")
+
+
+def share_text(row: dict[str, Any], key: str) -> str:
+    """An answer share as '0.46', '-' without items."""
+    return f"{row[key]:.2f}" if key in row else "-"

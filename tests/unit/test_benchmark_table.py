@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from qcal.grid.benchmarks import benchmark_table, cell_text, combined_table, items_scored
+from qcal.grid.benchmarks import (
+    benchmark_table,
+    cell_text,
+    combined_table,
+    items_scored,
+    share_text,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +70,32 @@ def test_combined_table_takes_each_task_from_the_first_grid_that_ran_it() -> Non
     assert mmlu["acc"] == pytest.approx(0.5)  # the benchmark grid's, not the confidence grid's
     lam = next(r for r in rows if r["task"] == "lambada_openai" and r["model"] == "gptq")
     assert lam["seeds"] == 2 and lam["acc"] == pytest.approx(0.31)
+
+
+def test_answer_shares_show_a_model_that_always_gives_one_answer() -> None:
+    """Gold answers 0,0,0,1 (majority 0.75); the float model always picks choice 2, the
+    quantized one follows the gold answer; a group collects its subtasks' items."""
+    gold = [0, 0, 0, 1]
+
+    def items(picks: list[int]) -> list[dict]:
+        return [{"lls": [0.0 if c == p else -5.0 for c in range(3)], "gold": g}
+                for p, g in zip(picks, gold, strict=True)]
+
+    info = {"group_subtasks": {"emo": ["emo_en", "emo_de"]}}
+    results = {t: {"acc,none": 0.5, "acc_stderr,none": 0.1} for t in ("emo", "emo_en", "emo_de")}
+    results["plain"] = {"acc,none": 0.3}
+
+    def cell(method: str | None, picks: list[int]) -> dict:
+        return {"method": method, "selector": None, "axes": {},
+                "items": {"emo_en": items(picks), "emo_de": items(picks),
+                          "plain": [{"lls": [-1.0], "gold": 0}]},
+                "eval": {"lm_eval": {"results": {"model": results}, "info": info}}}
+
+    rows = benchmark_table({"float": cell(None, [2, 2, 2, 2]), "none__rtn": cell("rtn", gold)},
+                           ["emo", "plain"])
+    by = {(r["task"], r["model"]): r for r in rows}
+    assert by[("emo", "float")]["majority"] == 0.75 and by[("emo", "float")]["top_answer"] == 1.0
+    assert by[("emo_de", "rtn")]["top_answer"] == 0.75
+    assert share_text(by[("emo", "float")], "top_answer") == "1.00"
+    assert "majority" not in by[("plain", "float")]  # one 'choice': no answer to prefer
+    assert share_text(by[("plain", "float")], "majority") == "-"
