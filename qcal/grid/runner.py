@@ -164,8 +164,10 @@ class GridRunner:
         return record
 
     def score_file(self, cell: Cell) -> Path:
-        """Where a cell's lm-eval scores are kept while it runs: a cell killed during its
-        evaluation resumes its scoring from there (removed once the cell is recorded)."""
+        """Where a cell's lm-eval scores are kept: a cell killed during its evaluation
+        resumes its scoring from there. Kept after the cell is recorded (a few hundred KB),
+        so a cell withdrawn and rerun on an unchanged model (the float cell) reuses its
+        scores; a rebuilt checkpoint has a new identity and never does."""
         return self.work_root / "scores" / f"{cell.key}.jsonl"
 
     def _quantize(self, recipe: Any) -> dict[str, Any]:
@@ -233,7 +235,6 @@ class GridRunner:
     def _record(self, cell: Cell, record: dict[str, Any]) -> None:
         record["provenance"] = provenance()
         atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
-        self.score_file(cell).unlink(missing_ok=True)  # its scores are in the record now
 
     def _run_parallel(self, todo: list[Cell], bar: Any) -> None:
         for cell in todo:  # build every calibration set once, here (the cache dedups)

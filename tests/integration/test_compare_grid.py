@@ -210,15 +210,21 @@ def test_jobs_must_be_positive(tiny_model_dir: Path, texts, tmp_path: Path) -> N
 
 
 def test_grid_with_task_and_calibration_reports_drift(tiny_model_dir: Path, texts,
-                                                      tmp_path: Path) -> None:
+                                                      tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
     spec = spec_for(tiny_model_dir, texts, methods=("rtn",), tasks=("qcal_nextsent_en",),
                     confidence=True, limit=6)
     cells = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
     assert sorted(cells) == ["float", "none__rtn"]
     assert len(cells["none__rtn"]["items"]["qcal_nextsent_en"]) == 6
-    # Scores were kept while each cell ran and removed once it was recorded.
-    assert (tmp_path / "w" / "scores").is_dir()
-    assert not list((tmp_path / "w" / "scores").iterdir())
+    # Each cell's scores stay on disk: a withdrawn float cell, rerun, scores nothing again.
+    assert sorted(p.name for p in (tmp_path / "w" / "scores").iterdir()) == [
+        "float.jsonl", "none__rtn.jsonl"]
+    (tmp_path / "r" / "cells" / "float.json").unlink()
+    capsys.readouterr()
+    again = GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
+    assert "24 of 24 requests already scored" in capsys.readouterr().err
+    assert again["float"]["items"] == cells["float"]["items"]
     report = render_report(tmp_path / "r")
     md = (tmp_path / "r" / "report.md").read_text()
     assert (tmp_path / "r" / "drift.png").is_file()
