@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from torch import nn
 
 from qcal.config import task_limit_map
@@ -179,10 +180,6 @@ def _multiple_input(sample: dict[str, Any]) -> bool:
     return len(args) > 1 and len({a[1] for a in args}) == 1 and len({a[0] for a in args}) > 1
 
 
-def _first_argmax(values: list[float]) -> int:
-    return max(range(len(values)), key=values.__getitem__)  # first maximum, as np.argmax
-
-
 def extract_items(samples: list[dict[str, Any]], config: dict[str, Any]) -> list[ItemRecord]:
     """Per-item records from lm-eval's logged samples of one multiple-choice task. Each
     item's gold index is checked against lm-eval's own per-item accuracy, so confidence
@@ -193,7 +190,7 @@ def extract_items(samples: list[dict[str, Any]], config: dict[str, Any]) -> list
     for s in samples:
         choices = _choice_texts(s, delimiter)
         lls = [float(r[0]) for r in s["filtered_resps"]][: len(choices)]
-        pred = _first_argmax(lls)
+        pred = int(np.argmax(lls))  # lm-eval's own prediction (first maximum)
         if _multiple_input(s):
             # lm-eval takes the gold index from doc_to_text, which the log does not keep;
             # its per-item acc says whether the prediction was it (unique with two choices).

@@ -20,6 +20,8 @@ from collections import Counter
 from statistics import mean
 from typing import Any
 
+import numpy as np
+
 from qcal.grid.confidence_study import by_method
 from qcal.grid.evidence import model_lm_eval
 from qcal.grid.spec import FLOAT_CELL
@@ -90,8 +92,7 @@ def answer_shares(recs: list[dict[str, Any]], task: str, children: dict[str, lis
         return max(Counter(indices).values()) / len(indices)
 
     golds = [int(item["gold"]) for item in per_seed[0]]
-    picks = [top_share([max(range(len(it["lls"])), key=it["lls"].__getitem__) for it in items])
-             for items in per_seed]
+    picks = [top_share([int(np.argmax(it["lls"])) for it in items]) for items in per_seed]
     return {"majority": top_share(golds), "top_answer": mean(picks)}
 
 
