@@ -54,8 +54,9 @@ from qcal.grid.study_tables import (  # noqa: E402
     model_label,
     run_script,
     shown,
+    write_report,
 )
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.results import markdown_table, provenance, provenance_markdown  # noqa: E402
 
 
 def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[object]]:
@@ -213,9 +214,10 @@ def main() -> None:
     bench_grids = [g.resolve() for g in (args.bench_grid or sorted(
         g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
-    for run in bench_grids or grids:
-        parts, bench_data[run.name] = bench_section(
-            run, grids if bench_grids else [], chart_path(args.out_benchmarks.resolve(), run))
+    bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_grids or grids]
+    conf_charts = [chart_path(args.out_confidence.resolve(), run) for run in grids]
+    for run, chart in zip(bench_grids or grids, bench_charts, strict=True):
+        parts, bench_data[run.name] = bench_section(run, grids if bench_grids else [], chart)
         bench_parts += parts
     for run in grids:
         spec, cells, missing = grid_progress(run)
@@ -223,8 +225,7 @@ def main() -> None:
         data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
         head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
         drift, quartiles, contrasts = drift_rows(per_task)
-        link = drift_chart(chart_path(args.out_confidence.resolve(), run), per_task,
-                           model_label(spec))
+        link = drift_chart(conf_charts[grids.index(run)], per_task, model_label(spec))
         conf_parts += [*head,
                        "### Calibration of the raw choice probabilities (mean ± 95% CI over seeds)",
                        markdown_table(["task", "model", *METRICS], confidence_rows(per_task)),
@@ -276,12 +277,13 @@ def main() -> None:
                    "top answer: share of items on which the model gives its own most common "
                    "answer (raw log-likelihood; near 1, the model answers alike whatever the "
                    "item, and its accuracy is the baseline, not skill).")
-    write_results(args.out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
-                  "\n\n".join(["# Benchmarks: float and 4-bit methods on real lm-eval tasks",
-                               provenance_markdown(prov), intro, bench_intro, *bench_parts]))
-    write_results(args.out_confidence.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
+    write_report(args.out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
+                 "\n\n".join(["# Benchmarks: float and 4-bit methods on real lm-eval tasks",
+                              provenance_markdown(prov), intro, bench_intro, *bench_parts]),
+                 bench_charts)
+    write_report(args.out_confidence.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
         ["# Confidence calibration and drift under 4-bit quantization", provenance_markdown(prov),
-         intro, *conf_parts]))
+         intro, *conf_parts]), conf_charts)
     print(f"wrote {args.out_benchmarks}.md and {args.out_confidence}.md")
 
 

@@ -5,6 +5,7 @@ more grids (one per model) with its provenance."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,31 @@ def chart_link(chart: Path, caption: str) -> str:
     return f"![{caption}]({chart.name})"
 
 
+def write_report(out: Path, data: dict[str, Any], markdown: str, charts: list[Path]) -> None:
+    """Write report `out` (.md and .json) and record in its JSON the charts it links. A chart
+    an earlier render of this report recorded and this one no longer links (its source grid
+    changed) is removed, so no stale chart outlives its table. Only names this report gave
+    (<out>_*.png beside it) are ever removed: a file the report did not write is never touched."""
+    out = Path(out)
+    linked = [c for c in charts if c.exists() and f"]({c.name})" in markdown]
+    before = _recorded_charts(out.with_suffix(".json"))
+    write_results(out, {**data, "charts": [c.name for c in linked]}, markdown)
+    keep = {c.name for c in linked}
+    for name in before - keep:
+        if name.startswith(f"{out.name}_") and name.endswith(".png") and "/" not in name:
+            (out.parent / name).unlink(missing_ok=True)
+
+
+def _recorded_charts(report_json: Path) -> set[str]:
+    """The chart names an earlier render recorded in `report_json`; none if it is missing or
+    not such a report (then nothing is pruned)."""
+    try:
+        recorded = json.loads(report_json.read_text()).get("charts")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {n for n in recorded if isinstance(n, str)} if isinstance(recorded, list) else set()
+
+
 def render_study(root: Path, script: str, description: str, grid_name: str, out_name: str,
                  section: Callable[[Path, Path], tuple[str, dict[str, Any]]], title: str,
                  intro: list[str], caveat: str) -> None:
@@ -73,15 +99,16 @@ def render_study(root: Path, script: str, description: str, grid_name: str, out_
                    help="output path without suffix (.md and .json are written)")
     args = p.parse_args()
     grids = [g.resolve() for g in (args.grid or [root / "results" / grid_name])]
-    sections, data = [], {}
+    sections, data, charts = [], {}, []
     for run in grids:
         if not (run / "cells").is_dir():
             raise ConfigError(f"{run} has no cells yet; run its `qcal compare --config` first")
-        md, data[run.name] = section(run, chart_path(args.out.resolve(), run))
+        charts.append(chart_path(args.out.resolve(), run))
+        md, data[run.name] = section(run, charts[-1])
         sections.append(md)
     prov = provenance(command=f"python {script} "
                       + " ".join(f"--grid {shown(g, root)}" for g in grids)
                       + f" --out {shown(args.out, root)}")
     md = "\n\n".join([title, provenance_markdown(prov), *intro, *sections, caveat])
-    write_results(args.out.resolve(), {"provenance": prov, "grids": data}, md)
+    write_report(args.out.resolve(), {"provenance": prov, "grids": data}, md, charts)
     print(f"wrote {args.out}.md")
