@@ -95,3 +95,12 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     bench = (tmp_path / "bench2.md").read_text()
     assert "| qcal_nextsent_en | gptq | 2 | 8 |" in bench and "| grid |\n" in bench
     assert "Tasks only the confidence grid runs come from" in bench
+
+    # Re-rendered from the other benchmark grid, the report links that grid's chart and
+    # removes the one of the grid it no longer shows; the confidence chart stays.
+    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid",
+                   tmp_path / "bench_grid", "--out-confidence", tmp_path / "conf",
+                   "--out-benchmarks", tmp_path / "bench")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "bench_bench_grid.png").is_file() and (tmp_path / "conf_grid.png").is_file()
+    assert not (tmp_path / "bench_grid.png").exists()
