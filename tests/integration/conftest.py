@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests' bad-input suites (test_bad_input_*.py)."""
+"""Fixtures the integration suites share: the bad-input suites (test_bad_input_*.py) and the
+comparison-grid tests (test_compare_grid.py, test_grid_spec.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cli_cases import Cli
+from grid_cases import write_grid_texts
 
 from qcal.model.tiny import stdlib_text
 
@@ -28,3 +30,9 @@ def home(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("QCAL_CALIB_DIR", str(tmp_path / "calib_sets"))
     monkeypatch.chdir(tmp_path)
     return x
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny grid's calibration and evaluation texts (grid_cases.spec_for)."""
+    return write_grid_texts(tmp_path_factory.mktemp("grid-text"))

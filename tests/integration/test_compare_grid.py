@@ -7,43 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+from grid_cases import spec_for
 
 from qcal.cli import main
 from qcal.errors import ConfigError
-from qcal.grid import GridRunner, GridSpec, plan_cells
+from qcal.grid import GridRunner, plan_cells
 from qcal.grid import runner as compare
 from qcal.grid.report import render_report
-from qcal.model.tiny import stdlib_text
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def texts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("grid-text")
-    docs = stdlib_text()
-    calib, evaluation = root / "calib.txt", root / "eval.txt"
-    calib.write_text("\n\n".join(docs[:120]))
-    evaluation.write_text("\n\n".join(docs[120:160]))
-    return calib, evaluation
-
-
-def spec_for(model: Path, texts: tuple[Path, Path], **kw) -> GridSpec:
-    base = dict(name="tiny", model=str(model), selectors=("random", "zipf"),
-                methods=("rtn", "gptq"), group_size=32, source=str(texts[0]), nsamples=4,
-                seqlen=32, eval_seqlen=32, max_windows=2, eval_text_file=str(texts[1]))
-    base.update(kw)
-    return GridSpec(**base)
-
-
-def test_plan_has_float_one_rtn_and_selector_cells(tiny_model_dir: Path, texts) -> None:
-    keys = [c.key for c in plan_cells(spec_for(tiny_model_dir, texts))]
-    assert keys == ["float", "none__rtn", "random__gptq", "zipf__gptq"]
-
-
-def test_unknown_method_lists_known(tiny_model_dir: Path, texts) -> None:
-    with pytest.raises(ConfigError, match="known: .*gptq.*rtn"):
-        spec_for(tiny_model_dir, texts, methods=("nope",))
 
 
 def test_grid_runs_caches_and_resumes_after_interrupt(tiny_model_dir: Path, texts,
@@ -155,43 +127,6 @@ def test_cli_compare_with_config_file(tiny_model_dir: Path, texts, tmp_path: Pat
     assert compare.load_cells(tmp_path / "res" / "cli").keys() == {"float", "none__rtn"}
 
 
-def test_desc_act_reaches_gptq_config_only(tiny_model_dir: Path, texts) -> None:
-    spec = spec_for(tiny_model_dir, texts, desc_act=True, methods=("rtn", "gptq", "awq"))
-    assert spec.method_config("gptq").desc_act is True
-    assert spec_for(tiny_model_dir, texts).method_config("gptq").desc_act is False
-    assert not hasattr(spec.method_config("rtn"), "desc_act")
-
-
-def test_task_limits_reach_the_eval_config(tiny_model_dir: Path, texts) -> None:
-    from qcal.config import EvalConfig, from_dict, task_limit_map, to_dict
-    from qcal.grid import grid_from_dict
-
-    spec = spec_for(tiny_model_dir, texts, tasks=("qcal_nextsent_en", "qcal_nextsent_de"),
-                    limit=20, task_limits={"qcal_nextsent_de": 5})
-    cfg = spec.eval_config()
-    assert cfg.task_limits == (("qcal_nextsent_de", 5),)
-    assert task_limit_map(cfg.tasks, cfg.limit, cfg.task_limits) == {"qcal_nextsent_en": 20,
-                                                                     "qcal_nextsent_de": 5}
-    assert from_dict(EvalConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
-    with pytest.raises(ConfigError, match="must map a task"):
-        grid_from_dict({"task_limits": ["mmlu", 50]})
-    with pytest.raises(ConfigError, match="not in --tasks"):
-        spec_for(tiny_model_dir, texts, tasks=("qcal_nextsent_en",),
-                 task_limits={"mmlu": 5}).eval_config()
-
-
-def test_cli_desc_act_flag_sets_grid_field() -> None:
-    import argparse
-
-    from qcal.commands.compare import _overrides, add_parser
-
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
-    on = _overrides(parser.parse_args(["compare", "--desc-act"]))
-    off = _overrides(parser.parse_args(["compare"]))
-    assert on["desc_act"] is True and "desc_act" not in off
-
-
 def test_parallel_jobs_match_sequential_cells(tiny_model_dir: Path, texts, tmp_path: Path) -> None:
     spec = spec_for(tiny_model_dir, texts, selectors=("random",))
     seq = GridRunner(spec, tmp_path / "seq", tmp_path / "w1", progress=False).run()
@@ -230,29 +165,6 @@ def test_grid_with_task_and_calibration_reports_drift(tiny_model_dir: Path, text
     assert (tmp_path / "r" / "drift.png").is_file()
     assert "| ece |" in md and "| d_conf_true |" in md
     assert report["perplexity"].keys() == {"float", "none__rtn"}
-
-
-@pytest.mark.parametrize("name", ["multilingual_grid", "zipcal_grid"])
-def test_study_config_files_parse(name: str) -> None:
-    from qcal.grid import load_grid_config
-
-    spec = load_grid_config(Path(__file__).parents[2] / "configs" / f"{name}.yaml")
-    assert spec.name == name and spec.desc_act and spec.nsamples == 16
-    assert len(plan_cells(spec)) == 2 + 2 * len(spec.selectors)
-
-
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs").glob("study_*.yaml")),
-                         ids=lambda p: p.stem)
-def test_evidence_study_configs_are_valid(path: Path) -> None:
-    from qcal.grid import load_grid_config
-
-    spec = load_grid_config(path)
-    assert spec.name == path.stem and len(spec.values("seed")) in (1, 3)
-    cfg = spec.eval_config()  # task names, per-task limits and confidence settings check here
-    assert all(task in cfg.tasks for task, _ in cfg.task_limits)
-    for selector in spec.selectors:
-        spec.calib_config(selector)  # selector options parse
-    assert plan_cells(spec)
 
 
 def test_second_runner_on_the_same_grid_is_refused(tiny_model_dir: Path, texts,
@@ -311,24 +223,6 @@ def test_sigkill_mid_grid_then_restart_keeps_finished_cells(tiny_model_dir: Path
     for name, blob in before.items():
         assert (cells_dir / name).read_bytes() == blob, f"{name} was recomputed"
     assert not list((tmp_path / "res").rglob(".*qcal-tmp-*"))
-
-
-def test_axes_expand_cells_and_keep_single_value_keys(tiny_model_dir: Path, texts) -> None:
-    spec = spec_for(tiny_model_dir, texts, seed=(0, 1), sym=(False, True), desc_act=(False, True))
-    keys = [c.key for c in plan_cells(spec)]
-    assert keys[0] == "float"  # one model: the float cell keeps its name
-    rtn = [k for k in keys if k.startswith("none__rtn")]
-    assert rtn == ["none__rtn__asym", "none__rtn__sym"]  # no seed or act-order axis for RTN
-    gptq = [k for k in keys if "__gptq" in k]
-    assert len(gptq) == 2 * 2 * 2 * 2 and "zipf__gptq__s1__sym__act" in gptq
-    cell = next(c for c in plan_cells(spec) if c.key == "random__gptq__s1__sym__noact")
-    recipe = spec.recipe(cell, "/tmp/x")
-    assert recipe.calib.seed == 1 and recipe.scheme.sym and not recipe.method.desc_act
-    # YAML's plural spellings load too.
-    from qcal.grid import grid_from_dict
-
-    raw = {"name": "g", "model": str(tiny_model_dir), "seeds": [0, 1, 2], "methods": ["rtn"]}
-    assert grid_from_dict(raw).values("seed") == (0, 1, 2)
 
 
 def test_grid_over_seeds_and_models_runs_and_resumes(tiny_model_dir: Path, texts,
@@ -397,21 +291,3 @@ def test_report_has_seed_intervals_and_paired_tests(tiny_model_dir: Path, texts,
     assert "Paired tests: each selector vs random" in md and "95% CI" in md
 
 
-@pytest.mark.parametrize("suffix", ["", "_gemma3"])
-def test_benchmark_and_confidence_grids_cover_the_benchmarks_once(suffix: str) -> None:
-    from qcal.grid import load_grid_config
-
-    configs = Path(__file__).parents[2] / "configs"
-    bench = load_grid_config(configs / f"study_benchmarks{suffix}.yaml")
-    confidence = load_grid_config(configs / f"study_confidence{suffix}.yaml")
-    assert bench.model == confidence.model
-    assert not set(bench.tasks) & set(confidence.tasks)  # no task scored twice
-    required = {"arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq",
-                "openbookqa", "sciq", "copa", "mmlu", "lambada_openai", "multiemo",
-                "qcal_nextsent"}
-    assert required <= set(bench.tasks) | set(confidence.tasks)
-    # The benchmark grid's one draw is the confidence grid's seed 0 (same checkpoints).
-    assert bench.values("seed") == (0,) and 0 in confidence.values("seed")
-    fields = ("selectors", "methods", "source", "nsamples", "seqlen", "bits", "group_size",
-              "desc_act", "allow_ragged_groups")
-    assert {f: getattr(bench, f) for f in fields} == {f: getattr(confidence, f) for f in fields}
