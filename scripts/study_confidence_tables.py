@@ -214,18 +214,19 @@ def main() -> None:
     bench_grids = [g.resolve() for g in (args.bench_grid or sorted(
         g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
-    bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_grids or grids]
+    bench_sources = bench_grids or grids  # without a benchmark grid, the confidence grids'
+    bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_sources]
     conf_charts = [chart_path(args.out_confidence.resolve(), run) for run in grids]
-    for run, chart in zip(bench_grids or grids, bench_charts, strict=True):
+    for run, chart in zip(bench_sources, bench_charts, strict=True):
         parts, bench_data[run.name] = bench_section(run, grids if bench_grids else [], chart)
         bench_parts += parts
-    for run in grids:
+    for run, chart in zip(grids, conf_charts, strict=True):
         spec, cells, missing = grid_progress(run)
         per_task = study(cells, list(spec.get("tasks") or []))
         data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
         head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
         drift, quartiles, contrasts = drift_rows(per_task)
-        link = drift_chart(conf_charts[grids.index(run)], per_task, model_label(spec))
+        link = drift_chart(chart, per_task, model_label(spec))
         conf_parts += [*head,
                        "### Calibration of the raw choice probabilities (mean ± 95% CI over seeds)",
                        markdown_table(["task", "model", *METRICS], confidence_rows(per_task)),
