@@ -214,7 +214,7 @@ def main() -> None:
     bench_grids = [g.resolve() for g in (args.bench_grid or sorted(
         g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
-    bench_sources = bench_grids or grids  # without a benchmark grid, the confidence grids'
+    bench_sources = bench_grids or grids  # confidence grids stand in when no benchmark grid exists
     bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_sources]
     conf_charts = [chart_path(args.out_confidence.resolve(), run) for run in grids]
     for run, chart in zip(bench_sources, bench_charts, strict=True):
