@@ -13,6 +13,7 @@ members are read while the tarball streams past.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -27,6 +28,9 @@ from qcal.errors import QcalError
 
 SDIST = "bigbench==1.0.0"
 SDIST_FILE = "bigbench-1.0.0.tar.gz"
+# PyPI's file, as downloaded before the registry withdrew it (2026-12-04): a copy put into
+# the cache by hand must be this one, or the tasks would silently differ from our results.
+SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
 # pip 26 refuses a PyPI sdist whose metadata names a direct-URL dependency (bigbench's
 # `bleurt @ file://...`) even under --no-deps, and deletes the download; pip 25.0.1 only
 # checks that while resolving dependencies, which --no-deps skips.
@@ -51,6 +55,7 @@ def fetch_sdist(cache: Path) -> Path:
     """The cached sdist, downloaded through pip on first use."""
     target = cache / SDIST_FILE
     if target.is_file():
+        _check_sha256(target)
         return target
     cache.mkdir(parents=True, exist_ok=True)
     print(f"downloading {SDIST} (358 MB sdist; only multiemo's task.json files are read) ...",
@@ -67,7 +72,18 @@ def fetch_sdist(cache: Path) -> Path:
     if res.returncode != 0 or not target.is_file():
         raise BigBenchSourceError(f"pip download {SDIST} failed ({_last_line(res.stderr)}); "
                                   f"or put {SDIST_FILE} into {cache}")
+    _check_sha256(target)
     return target
+
+
+def _check_sha256(sdist: Path) -> None:
+    digest = hashlib.sha256()
+    with sdist.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != SDIST_SHA256:
+        raise BigBenchSourceError(f"{sdist} has sha256 {digest.hexdigest()}, not PyPI's "
+                                  f"{SDIST_SHA256}; replace it with PyPI's {SDIST_FILE}")
 
 
 def _last_line(text: str) -> str:

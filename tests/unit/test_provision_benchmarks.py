@@ -49,3 +49,11 @@ def test_unknown_multiemo_task_names_the_missing_sdist() -> None:
     with pytest.raises(TaskError) as err:
         resolve_tasks(["no_such_task"], no_tasks)
     assert "bigbench" not in str(err.value)
+
+
+def test_a_hand_placed_sdist_must_be_pypis(tmp_path: Path) -> None:
+    from qcal.eval.bigbench_json import SDIST_FILE, fetch_sdist
+
+    (tmp_path / SDIST_FILE).write_bytes(b"not the BIG-bench sdist")
+    with pytest.raises(BigBenchSourceError, match="sha256 .*replace it with PyPI's"):
+        fetch_sdist(tmp_path)
