@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -110,6 +111,15 @@ def check_output(out: Path | str, kind: str, *, overwrite: bool = False,
     held = f"holds a qcal {mark['kind']}" if mark else "holds files qcal did not write"
     raise ConfigError(f"output {out} {held}; choose another -o, or pass --overwrite to replace "
                       f"it with the {kind}")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks (sdists and wheels run to hundreds of MB)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def free_bytes(path: Path) -> int:

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from qcal.data import corpus, handbook, langid, sources
+from qcal.fsio import sha256_file
 
 T0 = time.monotonic()
 ALL_SOURCES = ("debian-handbook", "wiki-summaries")
@@ -41,14 +42,6 @@ ALL_SOURCES = ("debian-handbook", "wiki-summaries")
 
 def log(msg: str) -> None:
     print(f"[{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def code_fingerprint(*modules: object) -> str:

@@ -13,7 +13,6 @@ members are read while the tarball streams past.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from qcal.errors import QcalError
+from qcal.fsio import sha256_file
 
 SDIST = "bigbench==1.0.0"
 SDIST_FILE = "bigbench-1.0.0.tar.gz"
@@ -77,12 +77,9 @@ def fetch_sdist(cache: Path) -> Path:
 
 
 def _check_sha256(sdist: Path) -> None:
-    digest = hashlib.sha256()
-    with sdist.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != SDIST_SHA256:
-        raise BigBenchSourceError(f"{sdist} has sha256 {digest.hexdigest()}, not PyPI's "
+    digest = sha256_file(sdist)
+    if digest != SDIST_SHA256:
+        raise BigBenchSourceError(f"{sdist} has sha256 {digest}, not PyPI's "
                                   f"{SDIST_SHA256}; replace it with PyPI's {SDIST_FILE}")
 
 

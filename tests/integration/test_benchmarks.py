@@ -25,6 +25,7 @@ from qcal.eval.benchmarks import (
     benchmarks_dir,
     lm_eval_tasks_dir,
 )
+from qcal.eval.bigbench_json import SDIST_FILE
 
 pytestmark = pytest.mark.integration
 TASKS = ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "openbookqa", "sciq",
@@ -44,7 +45,7 @@ def provisioned() -> Path:
 def _needs(tasks: Path, *names: str) -> None:
     missing = [n for n in names if not (tasks / f"{n}.yaml").is_file()]
     if missing:
-        why = ("bigbench-1.0.0.tar.gz, which the registry withdrew, is not in data/cache"
+        why = (f"{SDIST_FILE}, which the registry withdrew, is not in data/cache"
                if any(n.startswith("multiemo") for n in missing) else "")
         pytest.skip(f"{missing} not provisioned{' (' + why + ')' if why else ''}: "
                     "rerun `qcal provision --only benchmarks`")
