@@ -130,6 +130,38 @@ def benchmarks() -> list[Benchmark]:
     return [*_core(), *_mmlu(), *_lambada(), *_multiemo()]
 
 
+def _source_notes() -> dict[str, str]:
+    from qcal.eval.bigbench_json import SDIST_FILE
+
+    # Why a benchmark's source may be missing on a fresh machine, and what restores it.
+    return {BIGBENCH: f"multiemo is built from {SDIST_FILE}, which the registry no longer serves: "
+                      "put a copy into data/cache/ first"}
+
+
+def unprovisioned_hint(names: list[str]) -> str:
+    """What to run for the names qcal can build as benchmarks; "" when none of them is.
+
+    Looks each name up among qcal's own benchmark definitions (tasks and their groups),
+    so "unknown task" for a benchmark this data folder lacks says how to get it.
+    """
+    members: dict[str, list[Benchmark]] = {}
+    for bench in benchmarks():
+        members[bench.task] = [bench]
+        if bench.source == BIGBENCH:
+            members.setdefault(MULTIEMO_GROUP, []).append(bench)
+        if bench.task.startswith("mmlu_"):
+            for group in MMLU_GROUP_FILES:  # "_mmlu_stem.yaml" -> group "mmlu_stem"
+                members.setdefault(group[1:].removesuffix(".yaml"), []).append(bench)
+    known = [n for n in names if n in members]
+    if not known:
+        return ""
+    notes = _source_notes()
+    why = sorted({notes[b.source] for n in known for b in members[n] if b.source in notes})
+    return (f"{known} {'is a qcal benchmark' if len(known) == 1 else 'are qcal benchmarks'} "
+            "not provisioned in this data folder; run `qcal provision --only benchmarks`"
+            + "".join(f" ({w})" for w in why))
+
+
 def lm_eval_tasks_dir() -> Path:
     import importlib.util
 

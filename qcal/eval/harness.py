@@ -20,7 +20,7 @@ from torch import nn
 
 from qcal.config import task_limit_map
 from qcal.errors import ConfigError, QcalError
-from qcal.eval.bigbench_json import SDIST_FILE
+from qcal.eval.benchmarks import unprovisioned_hint
 from qcal.eval.local_tasks import local_task_names, read_items, tasks_dir
 
 if TYPE_CHECKING:
@@ -144,11 +144,8 @@ def resolve_tasks(names: Sequence[str], tm: Any, include_paths: Sequence[Path | 
     unknown = [n for n in names if n not in tm.all_tasks]
     if unknown:
         local = ", ".join(_local_names(include_paths)) or "none"
-        hint = ""
-        if any(n.startswith("multiemo") for n in unknown):
-            hint = (f". multiemo is built from {SDIST_FILE}, which the registry no longer "
-                    "serves: put a copy into data/cache/ and run `qcal provision --only "
-                    "benchmarks`")
+        hint = unprovisioned_hint(unknown)
+        hint = f". {hint}" if hint else ""
         raise TaskError(
             f"unknown lm-eval task(s) {unknown}; local tasks (offline): {local}. Standard "
             "lm-eval names work too where their data is cached (list them with "

@@ -44,11 +44,25 @@ def test_provision_skips_multiemo_when_its_sdist_is_unavailable(
 
 def test_unknown_multiemo_task_names_the_missing_sdist() -> None:
     no_tasks = SimpleNamespace(all_tasks=[], task_index={})
-    with pytest.raises(TaskError, match=r"bigbench-1\.0\.0\.tar\.gz.*qcal provision"):
-        resolve_tasks(["multiemo_en"], no_tasks)
+    for name in ("multiemo_en", "multiemo"):  # a task and its group
+        with pytest.raises(TaskError) as err:
+            resolve_tasks([name], no_tasks)
+        assert "bigbench-1.0.0.tar.gz" in str(err.value)
+        assert "qcal provision --only benchmarks" in str(err.value)
     with pytest.raises(TaskError) as err:
         resolve_tasks(["no_such_task"], no_tasks)
-    assert "bigbench" not in str(err.value)
+    assert "bigbench" not in str(err.value) and "qcal provision" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["arc_easy", "mmlu_stem", "mmlu_anatomy", "lambada_openai"])
+def test_any_unprovisioned_qcal_benchmark_says_how_to_provision(name: str) -> None:
+    no_tasks = SimpleNamespace(all_tasks=[], task_index={})
+    with pytest.raises(TaskError) as err:
+        resolve_tasks([name, "no_such_task"], no_tasks)
+    message = str(err.value)
+    assert f"['{name}'] is a qcal benchmark not provisioned" in message
+    assert "qcal provision --only benchmarks" in message
+    assert "bigbench" not in message  # the sdist note is only for multiemo
 
 
 def test_a_hand_placed_sdist_must_be_pypis(tmp_path: Path) -> None:
