@@ -110,25 +110,51 @@ class GridRunner:
     def _write_spec(self) -> None:
         spec_file = self.results_root / "grid.json"
         current = dataclasses.asdict(self.spec)
-        if spec_file.is_file():
+        saved_file = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
+        kept = {k: v for k, v in saved_file.items() if k != "spec"}  # e.g. dropped_tasks
+        if saved_file:
             # Compared as specs, so a field added since (with its default) or renamed is no change.
-            raw = json.loads(spec_file.read_text())["spec"]
+            raw = saved_file["spec"]
             # Grids saved before the field existed allowed ragged groups implicitly.
             raw.setdefault("allow_ragged_groups", True)
             saved = grid_from_dict(raw)
             if saved == self.spec:
                 return
+            dropped = self._dropped_tasks(saved)
+            if dropped:
+                finished = len(list(self.cells_dir.glob("*.json")))
+                kept["dropped_tasks"] = [*kept.get("dropped_tasks", []),
+                                         {"tasks": dropped, "cells_finished": finished}]
+                print(f"{self.spec.name}: tasks {', '.join(dropped)} dropped from the grid; "
+                      f"its {finished} finished cells keep their scores on them, reports show "
+                      "only the grid's tasks", file=sys.stderr)
             # Options only change cells' recipes, and recipe keys tell which cells are stale
             # (they rerun); any other change would mix two grids in one directory.
-            if dataclasses.replace(saved, **RECIPE_ONLY_FIELDS) != dataclasses.replace(
+            elif dataclasses.replace(saved, **RECIPE_ONLY_FIELDS) != dataclasses.replace(
                     self.spec, **RECIPE_ONLY_FIELDS):
                 raise ConfigError(
                     f"{self.results_root} holds a different grid; choose another --name "
                     "or delete that directory"
                 )
-            print(f"{self.spec.name}: method/selector options changed; cells made with the old "
-                  "ones are recomputed", file=sys.stderr)
-        atomic_write_text(spec_file, json.dumps({"spec": current}, indent=2))
+            else:
+                print(f"{self.spec.name}: method/selector options changed; cells made with the "
+                      "old ones are recomputed", file=sys.stderr)
+        atomic_write_text(spec_file, json.dumps({"spec": current, **kept}, indent=2))
+
+    def _dropped_tasks(self, saved: GridSpec) -> list[str]:
+        """The evaluation tasks this spec drops from the saved one, when that is its only
+        change (a task whose data is no longer to be had, or too slow to keep): finished
+        cells stay valid, they were only evaluated on more. Empty for any other change."""
+        if not set(self.spec.tasks) < set(saved.tasks):
+            return []
+        dropped = [t for t in saved.tasks if t not in self.spec.tasks]
+        # A dropped task's limit may go with it; any other task's limit must stay as it was.
+        limited = (set(saved.task_limits) | set(self.spec.task_limits)) - set(dropped)
+        if any(saved.task_limits.get(t) != self.spec.task_limits.get(t) for t in limited):
+            return []
+        same_otherwise = dataclasses.replace(saved, tasks=self.spec.tasks,
+                                             task_limits=self.spec.task_limits) == self.spec
+        return dropped if same_otherwise else []
 
     def prepare_calibration(self, cell: Cell) -> Any:
         """Build (or reuse from the step cache) the calibration set of a calibrated cell."""

@@ -37,7 +37,17 @@ def grid_heading(run: Path, root: Path, spec: dict[str, Any], done: int, missing
             f"Grid: `qcal compare --config configs/{run.name}.yaml`; cells finished: "
             f"{done} of {done + len(missing)}"
             + (f" (PARTIAL; not yet run: {', '.join(missing)})" if missing else "")
-            + extra + "."]
+            + extra + "." + dropped_tasks_text(run)]
+
+
+def dropped_tasks_text(run: Path) -> str:
+    """A sentence naming the tasks dropped from a grid after some cells had run (recorded
+    in its grid.json by `qcal compare`), or "" when none were."""
+    grid_file = run / "grid.json"
+    history = json.loads(grid_file.read_text()).get("dropped_tasks", []) if grid_file.is_file() else []
+    return "".join(f" Tasks {', '.join(h['tasks'])} were dropped from this grid after "
+                   f"{h['cells_finished']} cell(s) had run: they are not reported here."
+                   for h in history)
 
 
 def run_script(main: Callable[[], None]) -> None:

@@ -14,6 +14,7 @@ from qcal.errors import ConfigError
 from qcal.grid import GridRunner, plan_cells
 from qcal.grid import runner as compare
 from qcal.grid.report import render_report
+from qcal.grid.study_tables import dropped_tasks_text
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +86,38 @@ def test_changed_grid_in_same_dir_is_refused(tiny_model_dir: Path, texts, tmp_pa
     with pytest.raises(ConfigError, match="different grid"):
         GridRunner(spec_for(tiny_model_dir, texts, seed=3, methods=("rtn",)), tmp_path / "r",
                    tmp_path / "w", progress=False).run()
+
+
+def test_dropping_tasks_keeps_finished_cells_and_reports_say_so(
+        tiny_model_dir: Path, texts, tmp_path: Path, monkeypatch,
+        capsys: pytest.CaptureFixture) -> None:
+    # A task whose data can no longer be had is dropped; the finished cells stay valid.
+    monkeypatch.setattr(GridRunner, "run_cell", lambda self, cell: {"cell": cell.key})
+    results, work = tmp_path / "r", tmp_path / "w"
+    both = ("qcal_nextsent_en", "qcal_nextsent_de")
+    limits = {"qcal_nextsent_en": 5, "qcal_nextsent_de": 4}
+    GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn",), tasks=both,
+                        task_limits=limits), results, work, progress=False).run()
+    rtn_before = (results / "cells" / "none__rtn.json").read_text()
+    narrow = spec_for(tiny_model_dir, texts, methods=("rtn",), tasks=both[:1],
+                      task_limits={"qcal_nextsent_en": 5})
+    capsys.readouterr()
+    assert GridRunner(narrow, results, work, progress=False).pending() == []
+    GridRunner(narrow, results, work, progress=False).run()
+    assert "tasks qcal_nextsent_de dropped" in capsys.readouterr().err
+    saved = json.loads((results / "grid.json").read_text())
+    assert saved["spec"]["tasks"] == ["qcal_nextsent_en"]
+    assert saved["dropped_tasks"] == [{"tasks": ["qcal_nextsent_de"], "cells_finished": 2}]
+    assert (results / "cells" / "none__rtn.json").read_text() == rtn_before
+    assert "qcal_nextsent_de were dropped from this grid after 2 cell(s)" in \
+        dropped_tasks_text(results)
+    # Adding a task back, or changing a kept task's limit, is another grid.
+    for changed in (dict(tasks=both, task_limits=limits),
+                    dict(tasks=both[:1], task_limits={"qcal_nextsent_en": 6})):
+        with pytest.raises(ConfigError, match="different grid"):
+            GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn",), **changed), results,
+                       work, progress=False).run()
+    assert dropped_tasks_text(tmp_path) == ""
 
 
 def test_selector_options_change_recipes_not_cell_keys(tiny_model_dir: Path, texts,
