@@ -44,6 +44,10 @@ def add_parser(sub: Any) -> None:
                    help="with --executor ray: the cluster to join (default: start a local one)")
     p.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, in worker processes sharing the CPU threads")
+    p.add_argument("--discard-checkpoints", action="store_true",
+                   help="delete each quantized cell's checkpoint once its results are written "
+                        "(a grid otherwise keeps one model's worth of disk per cell; a cell "
+                        "that is run again rebuilds it)")
     p.set_defaults(handler=run_compare)
     r = sub.add_parser("report", help="render tables and plots of a comparison grid")
     r.add_argument("run_dir", type=Path, help="results/<run> written by `qcal compare`")
@@ -89,7 +93,7 @@ def run_compare(args: argparse.Namespace) -> int:
     results_root = (args.results_dir or results_dir()) / spec.name
     runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs,
                         device=args.device, shard=_shard(args.shard), executor=args.executor,
-                        address=args.address)
+                        address=args.address, keep_checkpoints=not args.discard_checkpoints)
     runner.run()
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -41,7 +42,7 @@ class GridRunner:
     def __init__(self, spec: GridSpec, results_root: Path, work_root: Path,
                  progress: bool = True, jobs: int = 1, device: str = "auto",
                  shard: tuple[int, int] | None = None, executor: str = "local",
-                 address: str | None = None) -> None:
+                 address: str | None = None, keep_checkpoints: bool = True) -> None:
         if executor not in ("local", "ray"):
             raise ConfigError(f"--executor {executor!r} is unknown; use local (default) or ray")
         self.executor, self.address = executor, address
@@ -51,6 +52,7 @@ class GridRunner:
             raise ConfigError(f"--shard {shard[0]}/{shard[1]} is out of range: use I/N with "
                               "0 <= I < N")
         self.shard = shard
+        self.keep_checkpoints = keep_checkpoints
         self.spec, self.progress, self.jobs = spec, progress, jobs
         self.device = resolve_device(device)
         self.results_root, self.work_root = Path(results_root), Path(work_root)
@@ -261,6 +263,16 @@ class GridRunner:
     def _record(self, cell: Cell, record: dict[str, Any]) -> None:
         record["provenance"] = provenance()
         atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
+        if not self.keep_checkpoints and cell.method is not None:
+            self.discard_checkpoint(cell)
+
+    def discard_checkpoint(self, cell: Cell) -> None:
+        """Delete a recorded cell's checkpoint: a finished cell never reads it again (a
+        withdrawn one rebuilds it), and a grid of many cells would otherwise keep a model's
+        worth of disk per cell. Only the grid's own folder for that cell is touched."""
+        target = self.work_root / "ckpt" / cell.key
+        if target.is_dir():
+            shutil.rmtree(target)
 
     def _run_parallel(self, todo: list[Cell], bar: Any) -> None:
         for cell in todo:  # build every calibration set once, here (the cache dedups)

@@ -160,6 +160,25 @@ def test_cli_compare_with_config_file(tiny_model_dir: Path, texts, tmp_path: Pat
     assert compare.load_cells(tmp_path / "res" / "cli").keys() == {"float", "none__rtn"}
 
 
+def test_discard_checkpoints_deletes_each_recorded_cells_checkpoint(
+        tiny_model_dir: Path, texts, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("QCAL_RUNS_DIR", str(tmp_path / "runs"))
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(
+        f"name: lean\nmodel: {tiny_model_dir}\nselectors: [random]\nmethods: [rtn, gptq]\n"
+        f"group_size: 32\nsource: {texts[0]}\nnsamples: 4\nseqlen: 32\neval_seqlen: 32\n"
+        f"max_windows: 1\neval_text_file: {texts[1]}\n")
+    ckpt = tmp_path / "runs" / "compare" / "lean" / "ckpt"
+    args = ["compare", "--config", str(cfg), "--results-dir", str(tmp_path / "res")]
+    assert main(args) == 0
+    assert sorted(p.name for p in ckpt.iterdir()) == ["none__rtn", "random__gptq"]
+    (tmp_path / "res" / "lean" / "cells" / "none__rtn.json").unlink()
+    assert main([*args, "--discard-checkpoints"]) == 0  # the rerun cell's goes after it
+    assert sorted(p.name for p in ckpt.iterdir()) == ["random__gptq"]
+    assert compare.load_cells(tmp_path / "res" / "lean").keys() == {
+        "float", "none__rtn", "random__gptq"}
+
+
 def test_parallel_jobs_match_sequential_cells(tiny_model_dir: Path, texts, tmp_path: Path) -> None:
     spec = spec_for(tiny_model_dir, texts, selectors=("random",))
     seq = GridRunner(spec, tmp_path / "seq", tmp_path / "w1", progress=False).run()
