@@ -19,8 +19,11 @@ if TYPE_CHECKING:
     from qcal.grid.spec import GridSpec
 
 
-def validate_grid(spec: GridSpec, trust_remote_code: bool = False) -> None:
-    """Raise a one-line QcalError for the first thing in `spec` that cannot run."""
+def validate_grid(spec: GridSpec, trust_remote_code: bool = False,
+                  check_tasks: bool = True) -> None:
+    """Raise a one-line QcalError for the first thing in `spec` that cannot run.
+    `check_tasks=False` skips the evaluation tasks' check (a finished grid needs no data
+    to re-render, so one whose task data is gone from this machine must still be accepted)."""
     from qcal.model.loading import resolve_model_dir
 
     _check_selectors(spec)
@@ -35,7 +38,7 @@ def validate_grid(spec: GridSpec, trust_remote_code: bool = False) -> None:
                     continue  # resolved per model to a size that divides
                 scheme = QuantScheme(bits, group, allow_ragged=spec.allow_ragged_groups)
                 _check_scheme(scheme, shapes)
-    _check_eval(spec)
+    _check_eval(spec, check_tasks)
 
 
 def _check_selectors(spec: GridSpec) -> None:
@@ -67,7 +70,7 @@ def _check_scheme(scheme: QuantScheme, skeleton: nn.Module) -> None:
     validate_scheme(skeleton, scheme)  # the same check `qcal quantize` makes, on shapes only
 
 
-def _check_eval(spec: GridSpec) -> None:
+def _check_eval(spec: GridSpec, check_tasks: bool = True) -> None:
     from qcal.data import available_languages
 
     cfg = spec.eval_config()  # EvalConfig checks task names and its own fields
@@ -79,6 +82,12 @@ def _check_eval(spec: GridSpec) -> None:
                               f"{sorted(have)}")
     elif not Path(spec.eval_text_file).expanduser().is_file():
         raise ConfigError(f"eval_text_file {spec.eval_text_file} does not exist")
+    if check_tasks:
+        check_grid_tasks(spec)
+
+
+def check_grid_tasks(spec: GridSpec) -> None:
+    """The grid's evaluation tasks must be provisioned here (one line naming the fix)."""
     if spec.tasks:
         from qcal.eval.harness import resolve_tasks, task_manager
 

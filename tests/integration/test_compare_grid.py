@@ -120,6 +120,25 @@ def test_dropping_tasks_keeps_finished_cells_and_reports_say_so(
     assert dropped_tasks_text(tmp_path) == ""
 
 
+def test_finished_grid_reruns_where_its_task_data_is_gone(tiny_model_dir: Path, texts,
+                                                          tmp_path: Path, monkeypatch) -> None:
+    from qcal.eval import harness
+
+    monkeypatch.setattr(GridRunner, "run_cell", lambda self, cell: {"cell": cell.key})
+    spec = spec_for(tiny_model_dir, texts, methods=("rtn",), tasks=("qcal_nextsent_en",))
+    results, work = tmp_path / "r", tmp_path / "w"
+    GridRunner(spec, results, work, progress=False).run()
+
+    def not_here(names, manager):  # what a machine without the task's source says
+        raise ConfigError(f"{list(names)} is a qcal benchmark not provisioned in this data folder")
+
+    monkeypatch.setattr(harness, "resolve_tasks", not_here)
+    assert sorted(GridRunner(spec, results, work, progress=False).run()) == ["float", "none__rtn"]
+    (results / "cells" / "none__rtn.json").unlink()  # a cell to run needs the data again
+    with pytest.raises(ConfigError, match="not provisioned"):
+        GridRunner(spec, results, work, progress=False).run()
+
+
 def test_selector_options_change_recipes_not_cell_keys(tiny_model_dir: Path, texts,
                                                       tmp_path: Path) -> None:
     base = dict(methods=("gptq",), nsamples=2)
