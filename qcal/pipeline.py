@@ -175,7 +175,8 @@ def quantize_model_dir(
 
 
 def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
-                         out_dir: Path, trust_remote_code: bool = False) -> dict[str, Any]:
+                         out_dir: Path, trust_remote_code: bool = False, fmt: str = "gptq",
+                         command: str | None = None) -> dict[str, Any]:
     """Apply a saved AWQ search (scales, clips) to `model` and write the checkpoint.
 
     No calibration data and no search: the artifact (`awq_search.safetensors` in the
@@ -195,10 +196,11 @@ def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
     apply_awq_artifact(net, art)
     meta = {"method": "awq", "config": to_dict(config), "source_model": str(src),
             "calibration": None, "awq_artifact": str(Path(artifact).resolve()),
-            "quantize_seconds": round(time.perf_counter() - started, 2)}
-    save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym, meta=meta,
+            "quantize_seconds": round(time.perf_counter() - started, 2), "format": fmt,
+            "command": command}
+    save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym, meta=meta, fmt=fmt,
                     extra_files={"quant_log.json": json.dumps(meta, indent=2, default=str),
-                                 "README.md": model_card(meta, "gptq", str(src))})
+                                 "README.md": model_card(meta, fmt, str(src), command)})
     return meta
 
 

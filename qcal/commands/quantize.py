@@ -268,7 +268,8 @@ def _replay_awq(args: argparse.Namespace) -> int:
     policy = OutputPolicy(args.overwrite, False, False)
     floats = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     with guarded_output(out, model_dir, policy, floats):
-        meta = replay_awq_model_dir(model_dir, args.awq_artifact, out, args.trust_remote_code)
+        meta = replay_awq_model_dir(model_dir, args.awq_artifact, out, args.trust_remote_code,
+                                    fmt=args.format, command=getattr(args, "command_line", None))
     print(json.dumps({"output": str(out), "method": "awq", "awq_artifact": meta["awq_artifact"],
                       "quantize_seconds": meta["quantize_seconds"]}, indent=2))
     return 0

@@ -155,6 +155,17 @@ def test_cli_quantize_awq_writes_a_loadable_gptq_layout_checkpoint(tiny_model_di
     assert json.loads((again / "quant_log.json").read_text())["calibration"] is None
     reloaded, _, _ = load_model(again)
     assert torch.allclose(reloaded(ids).logits, logits, atol=1e-5)
+    # The replay writes the --format asked for, and says how it was made.
+    as_awq = tmp_path / "replayed-awq"
+    assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
+                 "--awq-artifact", str(out / "artifacts" / ARTIFACT_NAME), "--format", "awq",
+                 "-o", str(as_awq)]) == 0
+    assert json.loads((as_awq / "config.json").read_text())["quantization_config"][
+        "quant_method"] == "awq"
+    replay_log = json.loads((as_awq / "quant_log.json").read_text())
+    assert replay_log["format"] == "awq" and "--awq-artifact" in replay_log["command"]
+    reloaded, _, _ = load_model(as_awq)
+    assert torch.allclose(reloaded(ids).logits, logits, atol=1e-5)
 
 
 def test_cli_awq_artifact_errors(tiny_model_dir: Path, tmp_path: Path,
