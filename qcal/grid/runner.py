@@ -73,11 +73,12 @@ class GridRunner:
     def pending(self) -> list[Cell]:
         todo = []
         for cell in self.mine():
-            if self.cell_path(cell).is_file() and not self.is_current(cell):
+            if self.is_current(cell):  # reads the cell's file: once per cell
+                continue
+            if self.cell_path(cell).is_file():
                 print(f"qcal compare: {cell.key} was computed with other method or selector settings "
                       "or code (its recipe changed); computing it again", file=sys.stderr)
-            if not self.is_current(cell):
-                todo.append(cell)
+            todo.append(cell)
         return todo
 
     def recipe_key(self, cell: Cell) -> str | None:
@@ -150,12 +151,15 @@ class GridRunner:
         if not set(self.spec.tasks) < set(saved.tasks):
             return []
         dropped = [t for t in saved.tasks if t not in self.spec.tasks]
-        # A dropped task's limit may go with it; any other task's limit must stay as it was.
-        limited = (set(saved.task_limits) | set(self.spec.task_limits)) - set(dropped)
-        if any(saved.task_limits.get(t) != self.spec.task_limits.get(t) for t in limited):
-            return []
-        same_otherwise = dataclasses.replace(saved, tasks=self.spec.tasks,
-                                             task_limits=self.spec.task_limits) == self.spec
+
+        def kept_limits(spec: GridSpec) -> dict[str, int]:
+            # A dropped task's limit may stay or go; every other limit must be as it was.
+            return {t: n for t, n in spec.task_limits.items() if t not in dropped}
+
+        narrowed = dataclasses.replace(saved, tasks=self.spec.tasks,
+                                       task_limits=kept_limits(saved))
+        same_otherwise = narrowed == dataclasses.replace(self.spec,
+                                                         task_limits=kept_limits(self.spec))
         return dropped if same_otherwise else []
 
     def prepare_calibration(self, cell: Cell) -> Any:
