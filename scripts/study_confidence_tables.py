@@ -35,7 +35,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.grid.benchmarks import SCORES, cell_text, combined_table, share_text  # noqa: E402
+from qcal.grid.benchmarks import (  # noqa: E402
+    SCORES,
+    cell_text,
+    combined_table,
+    delta_text,
+    share_text,
+)
 from qcal.grid.confidence_study import (  # noqa: E402
     CLAIM_KEYS,
     CONTRASTS,
@@ -63,7 +69,7 @@ def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[ob
     """Table rows of `combined_table`'s rows; `names[source]` is the grid a row came from."""
     return [[("&nbsp;&nbsp;" * r["depth"]) + r["task"], r["model"], r["seeds"],
              r["items"] if r["items"] is not None else "-",
-             *[cell_text(r, m) for m in SCORES], share_text(r, "majority"),
+             *[cell_text(r, m) for m in SCORES], *delta_text(r), share_text(r, "majority"),
              share_text(r, "top_answer"), names[r["source"]]] for r in rows]
 
 
@@ -106,7 +112,8 @@ def bench_section(run: Path, conf_grids: list[Path], chart: Path
                     "the mean over its seeds).")
     rows = combined_table(sources)
     table = markdown_table(["task", "model", "seeds", "items", "acc", "acc_norm", "perplexity",
-                            "majority", "top answer", "grid"], benchmark_rows(rows, names))
+                            "Δacc vs float [95% CI]", "p (Holm)", "majority", "top answer",
+                            "grid"], benchmark_rows(rows, names))
     link = accuracy_chart(chart, rows, model_label(spec))
     return [*head, table, *([link] if link else [])], {"spec": spec, "missing": missing,
                                                         "grids": names, "rows": rows}
@@ -277,7 +284,16 @@ def main() -> None:
                    "gold answer is the most common one (the accuracy of always giving it); "
                    "top answer: share of items on which the model gives its own most common "
                    "answer (raw log-likelihood; near 1, the model answers alike whatever the "
-                   "item, and its accuracy is the baseline, not skill).")
+                   "item, and its accuracy is the baseline, not skill). Δacc vs float: the "
+                   "method's accuracy minus the float model's on the same items, with a 95% "
+                   "paired-bootstrap interval over items (a method's per-item score is the "
+                   "share of its seeds that got the item right, so Δacc is the difference of "
+                   "the acc column); p (Holm): the bootstrap's two-sided p, Holm-adjusted "
+                   "over every method row of the model's table, * where it stays below 0.05. "
+                   "Overlapping ± stderr intervals do not mean 'no difference': both models "
+                   "answer the same items, and only the paired test can tell. Perplexity "
+                   "tasks get no test. confidence.md's Δacc differs where a method has "
+                   "several seeds: it scores the seeds' averaged probabilities.")
     write_report(args.out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
                  "\n\n".join(["# Benchmarks: float and 4-bit methods on real lm-eval tasks",
                               provenance_markdown(prov), intro, bench_intro, *bench_parts]),

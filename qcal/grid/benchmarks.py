@@ -12,6 +12,14 @@ most common one (the accuracy of always giving that answer, a baseline lm-eval d
 print), and `top_answer`, the share of items on which the model gives its own most common
 answer: near 1, the model answers the same whatever the item, and its accuracy is that
 baseline, not skill.
+
+A method's row also carries `acc_test`, the evidence for "this method changes accuracy":
+a paired test (qcal.eval.stats.paired_mean_test: bootstrap interval, p-values, d_z) of its
+per-item correctness, averaged over its seeds, against the float model's on the same items,
+Holm-adjusted over every method row of one model's table (`with_float_tests`). lm-eval's
+stderr alone cannot say this: two models scored on the same items are not independent
+samples, and their intervals overlap long after a paired difference is significant.
+Perplexity tasks (one continuation per item, no answer to pick) get no test.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from qcal.eval.stats import paired_mean_test, with_holm
 from qcal.grid.confidence_study import by_method
 from qcal.grid.evidence import model_lm_eval
 from qcal.grid.spec import FLOAT_CELL
@@ -96,8 +105,46 @@ def answer_shares(recs: list[dict[str, Any]], task: str, children: dict[str, lis
     return {"majority": top_share(golds), "top_answer": mean(picks)}
 
 
+def _correct(items: list[dict[str, Any]]) -> np.ndarray:
+    """1.0 where the item's highest log-likelihood choice is the gold one (lm-eval's acc:
+    ties go to the first choice, as np.argmax does there)."""
+    return np.array([float(int(np.argmax(it["lls"])) == int(it["gold"])) for it in items])
+
+
+def accuracy_test(float_rec: dict[str, Any], recs: list[dict[str, Any]], task: str,
+                  children: dict[str, list[str]]) -> dict[str, Any] | None:
+    """Paired test of a method's per-item accuracy (the share of its seeds that answer each
+    item right) minus the float model's, over the same items; None when the cells kept no
+    multiple-choice items for `task` or the items do not line up (doc and gold answer)."""
+    base = task_items(float_rec, task, children)
+    if not base or any(len(it["lls"]) < 2 for it in base):
+        return None
+    runs = [task_items(rec, task, children) for rec in recs]
+
+    def layout(items: list[dict[str, Any]]) -> list[tuple[Any, int]]:
+        return [(it.get("doc_id"), int(it["gold"])) for it in items]
+
+    if any(layout(run) != layout(base) for run in runs):
+        return None
+    method = np.mean([_correct(run) for run in runs], axis=0)
+    return paired_mean_test(method, _correct(base))
+
+
+def with_float_tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with each `acc_test` Holm-adjusted over all of them (one model's table is one
+    family: a reader scans every method and task for a difference)."""
+    tested = [i for i, r in enumerate(rows) if r.get("acc_test")]
+    adjusted = with_holm([rows[i]["acc_test"] for i in tested])
+    out = list(rows)
+    for i, test in zip(tested, adjusted, strict=True):
+        out[i] = {**rows[i], "acc_test": test}
+    return out
+
+
 def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
-    """One row per (task or subtask, model): items, seeds and the mean of each score."""
+    """One row per (task or subtask, model): items, seeds and the mean of each score; a
+    method's row has `acc_test` against the float model where items allow (not yet
+    Holm-adjusted: `combined_table` does that over the whole table)."""
     float_rec = cells.get(FLOAT_CELL)
     models = ([("float", [float_rec])] if float_rec is not None else []) + sorted(
         by_method(cells).items())
@@ -121,6 +168,10 @@ def benchmark_table(cells: dict[str, dict[str, Any]], tasks: list[str]) -> list[
                 values = [s[key] for s in per_seed if key in s]
                 row[key] = mean(values)
             row.update(answer_shares(recs, task, children))
+            if label != "float" and float_rec is not None:
+                test = accuracy_test(float_rec, recs, task, children)
+                if test is not None:
+                    row["acc_test"] = test
             rows.append(row)
     return rows
 
@@ -130,14 +181,14 @@ def combined_table(sources: list[tuple[dict[str, dict[str, Any]], list[str]]]
     """`benchmark_table` over several grids of one model, each (cells, tasks); a task comes
     from the first grid that ran it, so no task is scored twice (the benchmark grid leaves
     the confidence grid's tasks to it, seeds and all). Rows say which source they are from
-    (`source`: its index)."""
+    (`source`: its index). `acc_test`s are Holm-adjusted over all rows."""
     seen: set[str] = set()
     rows = []
     for index, (cells, tasks) in enumerate(sources):
         own = [t for t in tasks if t not in seen]
         seen.update(own)
         rows += [{**row, "source": index} for row in benchmark_table(cells, own)]
-    return rows
+    return with_float_tests(rows)
 
 
 def cell_text(row: dict[str, Any], metric: str) -> str:
@@ -152,3 +203,14 @@ def cell_text(row: dict[str, Any], metric: str) -> str:
 def share_text(row: dict[str, Any], key: str) -> str:
     """An answer share as '0.46', '-' without items."""
     return f"{row[key]:.2f}" if key in row else "-"
+
+
+def delta_text(row: dict[str, Any]) -> tuple[str, str]:
+    """('+0.0123 [-0.0050, +0.0300]', p_Holm) of a row's accuracy test; ('-', '-') without."""
+    test = row.get("acc_test")
+    if not test:
+        return "-", "-"
+    p = test.get("p_holm", test["p_bootstrap"])
+    mark = " *" if test.get("significant_holm", test["significant"]) else ""
+    return (f"{test['delta']:+.4f} [{test['ci_low']:+.4f}, {test['ci_high']:+.4f}]",
+            f"{p:.3g}{mark}")

@@ -8,6 +8,7 @@ from qcal.grid.benchmarks import (
     benchmark_table,
     cell_text,
     combined_table,
+    delta_text,
     items_scored,
     share_text,
 )
@@ -99,3 +100,53 @@ def test_answer_shares_show_a_model_that_always_gives_one_answer() -> None:
     assert share_text(by[("emo", "float")], "top_answer") == "1.00"
     assert "majority" not in by[("plain", "float")]  # one 'choice': no answer to prefer
     assert share_text(by[("plain", "float")], "majority") == "-"
+
+
+def _mc_cell(method: str | None, seed: int, picks: list[int], gold: list[int]) -> dict:
+    """A cell whose multiple-choice items pick `picks` (3 choices each); lm-eval's acc is
+    consistent with them."""
+    items = [{"doc_id": i, "lls": [0.0 if c == p else -3.0 for c in range(3)], "gold": g}
+             for i, (p, g) in enumerate(zip(picks, gold, strict=True))]
+    acc = sum(p == g for p, g in zip(picks, gold, strict=True)) / len(gold)
+    results = {"mc": {"acc,none": acc, "acc_stderr,none": 0.05},
+               "lambada_openai": {"acc,none": 0.3, "perplexity,none": 20.0}}
+    return {"method": method, "selector": None if method in (None, "rtn") else "random",
+            "axes": {"seed": seed},
+            "items": {"mc": items, "lambada_openai": [{"doc_id": 0, "lls": [-2.0], "gold": 0}]},
+            "eval": {"lm_eval": {"results": {"model": results}, "info": {}}}}
+
+
+def test_method_rows_carry_a_paired_accuracy_test_against_float() -> None:
+    """40 items: float right on all; RTN wrong on the first 20 (a real drop); GPTQ's two
+    seeds each wrong on one different item (a 0.025 drop that 40 items cannot confirm)."""
+    gold = [0] * 40
+    rtn = [1] * 20 + [0] * 20
+    s0, s1 = [1] + [0] * 39, [0, 1] + [0] * 38
+    cells = {"float": _mc_cell(None, 0, gold, gold), "none__rtn": _mc_cell("rtn", 0, rtn, gold),
+             "random__gptq__s0": _mc_cell("gptq", 0, s0, gold),
+             "random__gptq__s1": _mc_cell("gptq", 1, s1, gold)}
+    rows = combined_table([(cells, ["mc", "lambada_openai"])])
+    by = {(r["task"], r["model"]): r for r in rows}
+    assert "acc_test" not in by[("mc", "float")]
+    assert "acc_test" not in by[("lambada_openai", "rtn")]  # one continuation: no answer
+    rtn_test, gptq_test = by[("mc", "rtn")]["acc_test"], by[("mc", "gptq")]["acc_test"]
+    # the delta is the table's own accuracy difference (seeds averaged per item)
+    assert rtn_test["delta"] == pytest.approx(by[("mc", "rtn")]["acc"] - 1.0) == -0.5
+    assert gptq_test["delta"] == pytest.approx(by[("mc", "gptq")]["acc"] - 1.0) == -0.025
+    assert rtn_test["units"] == gptq_test["units"] == 40
+    # Holm over the table's two tests: the larger p is kept, the smaller doubled
+    assert rtn_test["significant_holm"] and not gptq_test["significant_holm"]
+    assert gptq_test["p_holm"] >= gptq_test["p_bootstrap"]
+    assert rtn_test["p_holm"] == pytest.approx(min(1.0, 2 * rtn_test["p_bootstrap"]))
+    text, p = delta_text(by[("mc", "rtn")])
+    assert text.startswith("-0.5000 [") and p.endswith(" *")
+    assert delta_text(by[("mc", "float")]) == ("-", "-")
+
+
+def test_items_that_do_not_line_up_get_no_test() -> None:
+    gold = [0, 1, 2, 0]
+    other = _mc_cell("rtn", 0, gold, gold)
+    other["items"]["mc"] = other["items"]["mc"][:3]  # an item missing: not the same items
+    rows = combined_table([({"float": _mc_cell(None, 0, gold, gold), "none__rtn": other},
+                            ["mc"])])
+    assert all("acc_test" not in r for r in rows)
