@@ -42,6 +42,7 @@ from qcal.grid.benchmarks import (  # noqa: E402
     delta_text,
     share_text,
 )
+from qcal.grid.benchmarks import findings as benchmark_findings  # noqa: E402
 from qcal.grid.confidence_study import (  # noqa: E402
     CLAIM_KEYS,
     CONTRASTS,
@@ -115,8 +116,11 @@ def bench_section(run: Path, conf_grids: list[Path], chart: Path
                             "Δacc vs float [95% CI]", "p (Holm)", "majority", "top answer",
                             "grid"], benchmark_rows(rows, names))
     link = accuracy_chart(chart, rows, model_label(spec))
-    return [*head, table, *([link] if link else [])], {"spec": spec, "missing": missing,
-                                                        "grids": names, "rows": rows}
+    found = benchmark_findings(rows)
+    return [*head, table, *([link] if link else []),
+            "### Findings (computed from the table above)",
+            "\n".join(found) or "(no quantized cells yet)"], {
+                "spec": spec, "missing": missing, "grids": names, "rows": rows, "findings": found}
 
 
 def confidence_rows(per_task: dict[str, Any]) -> list[list[object]]:

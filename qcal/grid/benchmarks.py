@@ -20,6 +20,8 @@ Holm-adjusted over every method row of one model's table (`with_float_tests`). l
 stderr alone cannot say this: two models scored on the same items are not independent
 samples, and their intervals overlap long after a paired difference is significant.
 Perplexity tasks (one continuation per item, no answer to pick) get no test.
+`findings` turns one model's table into bullets: each method's mean change and the
+changes that survive Holm, and the tasks where a model answers at the majority baseline.
 """
 
 from __future__ import annotations
@@ -214,3 +216,43 @@ def delta_text(row: dict[str, Any]) -> tuple[str, str]:
     mark = " *" if test.get("significant_holm", test["significant"]) else ""
     return (f"{test['delta']:+.4f} [{test['ci_low']:+.4f}, {test['ci_high']:+.4f}]",
             f"{p:.3g}{mark}")
+
+
+# A model whose accuracy is this close to always giving the majority answer, or that gives
+# its own favourite answer this often, is not showing skill on the task: a change in its
+# accuracy is a change of answer bias, and the findings say so instead of calling it a gain.
+NEAR_BASELINE = 0.02
+ONE_ANSWER = 0.9
+
+
+def _at_baseline(row: dict[str, Any]) -> bool:
+    if "acc" not in row or "majority" not in row:
+        return False
+    return row["acc"] <= row["majority"] + NEAR_BASELINE or row.get("top_answer", 0) >= ONE_ANSWER
+
+
+def findings(rows: list[dict[str, Any]]) -> list[str]:
+    """One model's benchmark findings as Markdown bullets, from `combined_table`'s rows:
+    per method, its mean accuracy change over the top-level tasks it was tested on and the
+    changes that survive Holm; then the tasks where a model sits at the answer baseline."""
+    out = []
+    top = [r for r in rows if r["depth"] == 0]
+    for method in sorted({r["model"] for r in top if r.get("acc_test")}):
+        tested = [r for r in top if r["model"] == method and r.get("acc_test")]
+        deltas = [r["acc_test"]["delta"] for r in tested]
+        kept = [r for r in tested if r["acc_test"].get("significant_holm")]
+        change = "; ".join(f"{r['task']} {r['acc_test']['delta']:+.3f} "
+                           f"(p_Holm {r['acc_test']['p_holm']:.2g})" for r in kept)
+        out.append(f"- **{method}** vs float over {len(tested)} tasks: mean Δacc "
+                   f"{mean(deltas):+.4f} (range {min(deltas):+.3f} to {max(deltas):+.3f}); "
+                   f"{len(kept)} change(s) survive Holm" + (f": {change}." if kept else "."))
+    bias: dict[str, list[str]] = {}
+    for r in top:
+        if _at_baseline(r):
+            bias.setdefault(r["task"], []).append(r["model"])
+    if bias:
+        out.append(f"- At the answer baseline (acc no more than {NEAR_BASELINE} above always "
+                   f"giving the majority answer, or one answer on >= {ONE_ANSWER:.0%} of "
+                   "items): " + "; ".join(f"{t} ({', '.join(m)})" for t, m in bias.items())
+                   + ". A change of accuracy there is a change of answer bias, not of skill.")
+    return out

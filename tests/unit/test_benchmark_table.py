@@ -9,6 +9,7 @@ from qcal.grid.benchmarks import (
     cell_text,
     combined_table,
     delta_text,
+    findings,
     items_scored,
     share_text,
 )
@@ -150,3 +151,14 @@ def test_items_that_do_not_line_up_get_no_test() -> None:
     rows = combined_table([({"float": _mc_cell(None, 0, gold, gold), "none__rtn": other},
                             ["mc"])])
     assert all("acc_test" not in r for r in rows)
+
+
+def test_findings_name_the_changes_that_survive_holm_and_the_baseline_tasks() -> None:
+    gold = [0] * 30 + [1] * 10  # majority 0.75
+    rtn = [1] * 30 + [1] * 10  # always answers 1: acc 0.25, one answer on every item
+    cells = {"float": _mc_cell(None, 0, gold, gold), "none__rtn": _mc_cell("rtn", 0, rtn, gold)}
+    found = findings(combined_table([(cells, ["mc", "lambada_openai"])]))
+    assert found[0].startswith("- **rtn** vs float over 1 tasks: mean Δacc -0.7500")
+    assert "1 change(s) survive Holm: mc -0.750" in found[0]
+    assert found[1].startswith("- At the answer baseline") and "mc (rtn)" in found[1]
+    assert "float" not in found[1]  # float is right on every item: skill, not bias
