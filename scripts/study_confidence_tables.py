@@ -6,7 +6,8 @@ study_confidence.yaml, configs/study_confidence_gemma3.yaml) and of the `study_b
 grids (configs/study_benchmarks{,_gemma3}.yaml: the benchmark tasks the confidence grids
 do not run, one calibration draw) and writes two reports:
 - benchmarks (from the benchmark grids, plus the tasks they leave to the confidence grid
-  of the same model; from the confidence grids alone when no benchmark grid exists yet):
+  of the same model; a model whose benchmark grid has no cells yet from its confidence
+  grid alone):
   lm-eval's own acc, acc_norm and perplexity with stderr and item counts, float and every
   method, groups with their direct subtasks (qcal.grid.benchmarks), and the grid each
   row comes from;
@@ -28,6 +29,7 @@ finished is rendered from the cells it has and says which are missing.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from qcal.errors import ConfigError  # noqa: E402
 from qcal.grid.benchmarks import (  # noqa: E402
     SCORES,
     cell_text,
@@ -213,6 +216,14 @@ def _limits(spec: dict[str, Any]) -> str:
             + "".join(f", {task}: {n} per subtask" for task, n in sorted(own.items())))
 
 
+def _grid_model(run: Path) -> str | None:
+    """The model a grid ran (None: the default model), from its grid.json alone."""
+    grid_file = run / "grid.json"
+    if not grid_file.is_file():
+        raise ConfigError(f"{run} has no grid.json; run `qcal compare` first")
+    return json.loads(grid_file.read_text())["spec"].get("model")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grid", type=Path, action="append", help="confidence grid (repeatable)")
@@ -225,11 +236,15 @@ def main() -> None:
     bench_grids = [g.resolve() for g in (args.bench_grid or sorted(
         g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
-    bench_sources = bench_grids or grids  # confidence grids stand in when no benchmark grid exists
+    # A model's confidence grid stands in for its benchmark grid until that one has cells,
+    # so a model is never missing from benchmarks.md while its benchmark grid runs.
+    bench_models = {_grid_model(g) for g in bench_grids}
+    bench_sources = bench_grids + [g for g in grids if _grid_model(g) not in bench_models]
     bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_sources]
     conf_charts = [chart_path(args.out_confidence.resolve(), run) for run in grids]
     for run, chart in zip(bench_sources, bench_charts, strict=True):
-        parts, bench_data[run.name] = bench_section(run, grids if bench_grids else [], chart)
+        parts, bench_data[run.name] = bench_section(run, grids if run in bench_grids else [],
+                                                    chart)
         bench_parts += parts
     for run, chart in zip(grids, conf_charts, strict=True):
         spec, cells, missing = grid_progress(run)

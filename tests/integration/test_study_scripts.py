@@ -96,6 +96,21 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     assert "| qcal_nextsent_en | gptq | 2 | 8 |" in bench and "| grid |\n" in bench
     assert "Tasks only the confidence grid runs come from" in bench
 
+    # A second model whose benchmark grid has no cells yet: its confidence grid stands in,
+    # so the model still has its section in the benchmark report.
+    shutil.copytree(tmp_path / "grid", tmp_path / "other_model")
+    grid_file = tmp_path / "other_model" / "grid.json"
+    saved = json.loads(grid_file.read_text())
+    saved["spec"]["model"] = "another-model"
+    grid_file.write_text(json.dumps(saved))
+    done = _script("confidence", "--grid", tmp_path / "grid", "--grid", tmp_path / "other_model",
+                   "--bench-grid", tmp_path / "bench_grid", "--out-confidence",
+                   tmp_path / "conf3", "--out-benchmarks", tmp_path / "bench3")
+    assert done.returncode == 0, done.stderr
+    bench = (tmp_path / "bench3.md").read_text()
+    assert bench.count("### Findings") == 2 and "| other_model |" in bench
+    assert "(`" in bench and "other_model`)" in bench
+
     # Re-rendered from the other benchmark grid, the report links that grid's chart and
     # removes the one of the grid it no longer shows; the confidence chart stays.
     done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid",
