@@ -29,7 +29,6 @@ finished is rendered from the cells it has and says which are missing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.errors import ConfigError  # noqa: E402
 from qcal.grid.benchmarks import (  # noqa: E402
     SCORES,
     cell_text,
@@ -55,7 +53,7 @@ from qcal.grid.confidence_study import (  # noqa: E402
     findings,
     study,
 )
-from qcal.grid.runner import grid_progress  # noqa: E402
+from qcal.grid.runner import grid_progress, saved_spec  # noqa: E402
 from qcal.grid.study_plots import Point, from_test, interval_chart  # noqa: E402
 from qcal.grid.study_tables import (  # noqa: E402
     chart_link,
@@ -216,14 +214,6 @@ def _limits(spec: dict[str, Any]) -> str:
             + "".join(f", {task}: {n} per subtask" for task, n in sorted(own.items())))
 
 
-def _grid_model(run: Path) -> str | None:
-    """The model a grid ran (None: the default model), from its grid.json alone."""
-    grid_file = run / "grid.json"
-    if not grid_file.is_file():
-        raise ConfigError(f"{run} has no grid.json; run `qcal compare` first")
-    return json.loads(grid_file.read_text())["spec"].get("model")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grid", type=Path, action="append", help="confidence grid (repeatable)")
@@ -238,8 +228,9 @@ def main() -> None:
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
     # A model's confidence grid stands in for its benchmark grid until that one has cells,
     # so a model is never missing from benchmarks.md while its benchmark grid runs.
-    bench_models = {_grid_model(g) for g in bench_grids}
-    bench_sources = bench_grids + [g for g in grids if _grid_model(g) not in bench_models]
+    bench_models = {saved_spec(g).get("model") for g in bench_grids}
+    bench_sources = bench_grids + [g for g in grids
+                                   if saved_spec(g).get("model") not in bench_models]
     bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_sources]
     conf_charts = [chart_path(args.out_confidence.resolve(), run) for run in grids]
     for run, chart in zip(bench_sources, bench_charts, strict=True):

@@ -320,14 +320,19 @@ def load_cells(results_root: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
 
 
+def saved_spec(results_root: Path) -> dict[str, Any]:
+    """The grid's spec as `qcal compare` saved it in grid.json (cells are not read)."""
+    grid_file = Path(results_root) / "grid.json"
+    if not grid_file.is_file():
+        raise ConfigError(f"{results_root} has no grid.json; run `qcal compare` first")
+    return json.loads(grid_file.read_text())["spec"]
+
+
 def grid_progress(results_root: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
                                                 list[str]]:
     """(the grid's spec as saved in grid.json, its finished cells, the planned cell keys not
     finished yet): what a report of a partly run grid needs to say."""
-    grid_file = Path(results_root) / "grid.json"
-    if not grid_file.is_file():
-        raise ConfigError(f"{results_root} has no grid.json; run `qcal compare` first")
-    spec = json.loads(grid_file.read_text())["spec"]
+    spec = saved_spec(results_root)
     cells = load_cells(results_root)
     missing = [c.key for c in plan_cells(grid_from_dict(spec)) if c.key not in cells]
     return spec, cells, missing
