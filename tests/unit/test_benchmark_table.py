@@ -160,5 +160,20 @@ def test_findings_name_the_changes_that_survive_holm_and_the_baseline_tasks() ->
     found = findings(combined_table([(cells, ["mc", "lambada_openai"])]))
     assert found[0].startswith("- **rtn** vs float over 1 tasks: mean Δacc -0.7500")
     assert "1 change(s) survive Holm: mc -0.750" in found[0]
-    assert found[1].startswith("- At the answer baseline") and "mc (rtn)" in found[1]
+    assert found[1].startswith("- At the baseline") and "mc (rtn)" in found[1]
     assert "float" not in found[1]  # float is right on every item: skill, not bias
+
+
+def test_a_task_whose_gold_is_always_one_choice_is_not_called_baseline() -> None:
+    """SciQ's gold is always the same choice (majority 1.0): a model right on 3 of 4 items
+    that spreads its picks shows skill; one at a uniform guess's accuracy does not."""
+    gold = [2] * 40
+    skilled = [2, 2, 2, 0] * 10  # acc 0.75, top answer 0.75
+    guessing = [0, 1, 2] * 13 + [0]  # acc 0.325, chance 1/3
+    rows = combined_table([({"float": _mc_cell(None, 0, skilled, gold),
+                             "none__rtn": _mc_cell("rtn", 0, guessing, gold)}, ["mc"])])
+    by = {r["model"]: r for r in rows}
+    assert by["float"]["majority"] == 1.0 and by["float"]["chance"] == pytest.approx(1 / 3)
+    baseline = findings(rows)[-1]
+    assert baseline.startswith("- At the baseline") and "mc (rtn)" in baseline
+    assert "float" not in baseline
