@@ -301,8 +301,9 @@ def main() -> None:
                    "the acc column); p (Holm): the bootstrap's two-sided p, Holm-adjusted "
                    "over every method row of the model's table, * where it stays below 0.05. "
                    "Overlapping ± stderr intervals do not mean 'no difference': both models "
-                   "answer the same items, and only the paired test can tell. Perplexity "
-                   "tasks get no test. confidence.md's Δacc differs where a method has "
+                   "answer the same items, and only the paired test can tell. On LAMBADA an "
+                   "item is right when its whole continuation is the greedy one (lm-eval's "
+                   "acc); its perplexity gets no test. confidence.md's Δacc differs where a method has "
                    "several seeds: it scores the seeds' averaged probabilities.")
     write_report(args.out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
                  "\n\n".join(["# Benchmarks: float and 4-bit methods on real lm-eval tasks",

@@ -46,6 +46,9 @@ class HarnessRun:
     metrics: dict[str, dict[str, Any]]  # lm-eval's results per task / group
     items: dict[str, list[ItemRecord]]  # multiple-choice tasks only
     info: dict[str, Any]  # lm-eval version, n-shot, task versions
+    # Single-continuation tasks (LAMBADA): per item {"doc_id", "ll", "greedy"}, so that
+    # accuracy (lm-eval's acc there is the greedy flag) can be compared item by item.
+    continuations: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
 
 def offline_env() -> None:
@@ -213,6 +216,17 @@ def extract_items(samples: list[dict[str, Any]], config: dict[str, Any]) -> list
     return sorted(out, key=lambda r: r.doc_id)
 
 
+def extract_continuations(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-item records of a single-continuation ('loglikelihood') task from lm-eval's
+    logged samples: the continuation's log-likelihood and whether every token of it was
+    the model's greedy choice (lm-eval's per-item acc on LAMBADA)."""
+    out = []
+    for s in samples:
+        ll, greedy = s["filtered_resps"][0]
+        out.append({"doc_id": int(s["doc_id"]), "ll": float(ll), "greedy": bool(greedy)})
+    return sorted(out, key=lambda r: r["doc_id"])
+
+
 def vllm_lm(model_dir: Path | str, batch_size: int) -> Any:
     """lm-eval's vLLM backend on a checkpoint directory (GPU machines with vLLM installed)."""
     import importlib.util
@@ -254,6 +268,7 @@ def run_tasks(
         device=str(next(model.parameters()).device), **extra)
     limits = task_limit_map(tasks, limit, task_limits or {})
     items: dict[str, list[ItemRecord]] = {}
+    continuations: dict[str, list[dict[str, Any]]] = {}
     metrics: dict[str, dict[str, Any]] = {}
     scorer = type(lm).__name__ + (" (qcal.eval.shared_context)"
                                   if type(lm).__name__ == "SharedContextHFLM" else "")
@@ -268,6 +283,8 @@ def run_tasks(
                     raise TaskError(f"task {name} produced no items; check its item file and "
                                     "--limit")
                 items[name] = extract_items(samples, cfg)
+            elif cfg.get("output_type") == "loglikelihood" and samples:
+                continuations[name] = extract_continuations(samples)
         metrics.update({
             name: {k: v for k, v in res.items() if k not in ("name", "alias") and v != "N/A"}
             for name, res in out["results"].items()})
@@ -275,7 +292,7 @@ def run_tasks(
         for key, field in (("n_shot", "n-shot"), ("versions", "versions"),
                            ("n_samples", "n-samples"), ("group_subtasks", "group_subtasks")):
             info[key].update(out.get(field) or {})
-    return HarnessRun(metrics, items, info)
+    return HarnessRun(metrics, items, info, continuations)
 
 
 def _evaluate(lm: Any, tasks: list[str], tm: Any, limit: int | None,

@@ -194,6 +194,7 @@ def run_evaluation(
 
         lm_metrics: dict[str, dict[str, Any]] = {}
         lm_info: dict[str, Any] = {}
+        continuations: dict[str, list[dict[str, Any]]] = {}
         store = None
         if score_file is not None:
             from qcal.eval.score_store import ScoreStore, model_identity
@@ -208,7 +209,11 @@ def run_evaluation(
                             desc=role, task_limits=dict(cfg.task_limits),
                             score_store=store if role == "model" else None)
             lm_metrics[role], items[role], lm_info = run.metrics, run.items, run.info
+            if role == "model":
+                continuations = run.continuations
         data["lm_eval"] = {"tasks": tasks, "results": lm_metrics, "info": lm_info}
+        if continuations:
+            data["lm_eval"]["continuation_items"] = continuations
         if base_net is not None:
             data["lm_eval"]["deltas"] = {
                 t: {k: v for k, v in metric_deltas(lm_metrics["base"].get(t, {}),
@@ -244,6 +249,8 @@ def _run_vllm(model: str | Path | None, cfg: EvalConfig, include_paths: Sequence
     data = {"model": describe_model(model_dir), "base": None,
             "settings": {**to_dict(cfg), "backend": "vllm"},
             "lm_eval": {"tasks": tasks, "results": {"model": run.metrics}, "info": run.info}}
+    if run.continuations:
+        data["lm_eval"]["continuation_items"] = run.continuations
     return EvalOutcome(data, {}, {"model": run.items})
 
 

@@ -19,7 +19,9 @@ per-item correctness, averaged over its seeds, against the float model's on the 
 Holm-adjusted over every method row of one model's table (`with_float_tests`). lm-eval's
 stderr alone cannot say this: two models scored on the same items are not independent
 samples, and their intervals overlap long after a paired difference is significant.
-Perplexity tasks (one continuation per item, no answer to pick) get no test.
+On a single-continuation task (LAMBADA) an item is right when every token of its
+continuation is the model's greedy choice (lm-eval's acc there), and the test runs on
+those flags where the cells kept them (`continuation_items`; older cells did not).
 `findings` turns one model's table into bullets: each method's mean change and the
 changes that survive Holm, and the tasks where a model answers at chance or gives one
 answer to nearly every item.
@@ -116,23 +118,43 @@ def _correct(items: list[dict[str, Any]]) -> np.ndarray:
     return np.array([float(int(np.argmax(it["lls"])) == int(it["gold"])) for it in items])
 
 
+def _continuations(rec: dict[str, Any], task: str) -> list[dict[str, Any]]:
+    """A cell's per-item records of a single-continuation task (LAMBADA): {"doc_id", "ll",
+    "greedy"}; empty for a cell recorded before qcal kept them."""
+    block = (rec.get("eval") or {}).get("lm_eval") or {}
+    return list((block.get("continuation_items") or {}).get(task) or [])
+
+
+def _graded(rec: dict[str, Any], task: str, children: dict[str, list[str]]
+            ) -> tuple[list[tuple[Any, Any]], np.ndarray] | None:
+    """(each item's identity, 1.0 where lm-eval's acc counts it right) for a cell: the
+    multiple-choice items' argmax against gold, or a single-continuation task's greedy
+    flag; None when the cell kept neither for `task`."""
+    items = task_items(rec, task, children)
+    if items:
+        if any(len(it["lls"]) < 2 for it in items):
+            return None
+        return [(it.get("doc_id"), int(it["gold"])) for it in items], _correct(items)
+    singles = _continuations(rec, task)
+    if singles:
+        return ([(it["doc_id"], None) for it in singles],
+                np.array([float(it["greedy"]) for it in singles]))
+    return None
+
+
 def accuracy_test(float_rec: dict[str, Any], recs: list[dict[str, Any]], task: str,
                   children: dict[str, list[str]]) -> dict[str, Any] | None:
     """Paired test of a method's per-item accuracy (the share of its seeds that answer each
     item right) minus the float model's, over the same items; None when the cells kept no
-    multiple-choice items for `task` or the items do not line up (doc and gold answer)."""
-    base = task_items(float_rec, task, children)
-    if not base or any(len(it["lls"]) < 2 for it in base):
+    per-item records for `task` or the items do not line up (doc and gold answer)."""
+    base = _graded(float_rec, task, children)
+    if base is None:
         return None
-    runs = [task_items(rec, task, children) for rec in recs]
-
-    def layout(items: list[dict[str, Any]]) -> list[tuple[Any, int]]:
-        return [(it.get("doc_id"), int(it["gold"])) for it in items]
-
-    if any(layout(run) != layout(base) for run in runs):
+    runs = [_graded(rec, task, children) for rec in recs]
+    if any(run is None or run[0] != base[0] for run in runs):
         return None
-    method = np.mean([_correct(run) for run in runs], axis=0)
-    return paired_mean_test(method, _correct(base))
+    method = np.mean([run[1] for run in runs if run is not None], axis=0)
+    return paired_mean_test(method, base[1])
 
 
 def with_float_tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -190,3 +190,23 @@ def _leaves(tree: Any) -> list[Any]:
     if isinstance(tree, list):
         return [leaf for value in tree for leaf in _leaves(value)]
     return [tree] if hasattr(tree, "config") else []
+
+
+def test_lambada_items_keep_their_greedy_flags(provisioned: Path, tiny_model_dir: Path) -> None:
+    """LAMBADA has one continuation per item; run_tasks keeps each item's log-likelihood
+    and greedy flag, whose mean is lm-eval's own acc (the paired test in benchmarks.md
+    rests on them)."""
+    _needs(provisioned, "lambada_openai")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from qcal.eval.harness import run_tasks, task_manager
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = ["lambada_openai"]
+    run = run_tasks(model, tok, tasks, task_manager(names=tasks), batch_size=4, limit=6)
+    items = run.continuations["lambada_openai"]
+    assert [it["doc_id"] for it in items] == list(range(6)) and "lambada_openai" not in run.items
+    assert all(it["ll"] < 0 for it in items)
+    assert sum(it["greedy"] for it in items) / 6 == pytest.approx(
+        run.metrics["lambada_openai"]["acc,none"])

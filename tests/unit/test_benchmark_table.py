@@ -177,3 +177,23 @@ def test_a_task_whose_gold_is_always_one_choice_is_not_called_baseline() -> None
     baseline = findings(rows)[-1]
     assert baseline.startswith("- At the baseline") and "mc (rtn)" in baseline
     assert "float" not in baseline
+
+
+def test_lambada_gets_a_paired_test_on_its_greedy_flags_where_cells_kept_them() -> None:
+    """30 LAMBADA items: float greedy-right on 20; RTN right on 5 of those (a real drop);
+    a cell from before qcal kept the flags gets no test rather than a wrong one."""
+    def with_flags(cell: dict, flags: list[bool]) -> dict:
+        cell["eval"]["lm_eval"]["continuation_items"] = {"lambada_openai": [
+            {"doc_id": i, "ll": -1.0, "greedy": f} for i, f in enumerate(flags)]}
+        return cell
+
+    base = [True] * 20 + [False] * 10
+    rtn = [True] * 5 + [False] * 25
+    cells = {"float": with_flags(_cell(None, 0, 0.0), base),
+             "none__rtn": with_flags(_cell("rtn", 0, -0.1), rtn),
+             "random__gptq__s0": _cell("gptq", 0, -0.02)}
+    by = {r["model"]: r for r in combined_table([(cells, ["lambada_openai"])])}
+    test = by["rtn"]["acc_test"]
+    assert test["delta"] == pytest.approx(-0.5) and test["units"] == 30
+    assert test["significant_holm"]
+    assert "acc_test" not in by["gptq"] and "acc_test" not in by["float"]

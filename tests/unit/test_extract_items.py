@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qcal.eval.harness import TaskError, extract_items
+from qcal.eval.harness import TaskError, extract_continuations, extract_items
 
 pytestmark = pytest.mark.unit
 
@@ -39,3 +39,10 @@ def test_a_gold_answer_that_disagrees_with_lm_evals_accuracy_is_refused() -> Non
     s = _sample(5, ["Q:"] * 2, [" yes", " no"], [-1.0, -2.0], "no", 1.0)
     with pytest.raises(TaskError, match="disagrees with lm-eval's own accuracy"):
         extract_items([s], {"task": "t"})
+
+
+def test_single_continuation_items_keep_log_likelihood_and_greedy_flag_by_doc() -> None:
+    samples = [{"doc_id": 7, "filtered_resps": [(-2.5, True)], "acc": 1.0},
+               {"doc_id": 2, "filtered_resps": [(-9.0, False)], "acc": 0.0}]
+    assert extract_continuations(samples) == [{"doc_id": 2, "ll": -9.0, "greedy": False},
+                                              {"doc_id": 7, "ll": -2.5, "greedy": True}]
