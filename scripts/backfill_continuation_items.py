@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""Give grid cells recorded before qcal kept per-item LAMBADA results their items, from the
+scores the grid kept, without running any model.
+
+A cell's lm-eval run keeps every request's (log-likelihood, greedy) in its score store
+(`<work>/scores/<cell>.jsonl`, qcal.eval.score_store). This script rebuilds the requests of
+each single-continuation task the cell ran (lambada_openai) with lm-eval's own task and
+HFLM tokenization (the grid's float model and tokenizer: a quantized checkpoint has the
+same tokenizer and config), answers every request from the store (a request missing there
+stops the script; nothing is scored afresh), and lets lm-eval compute its metrics again.
+Only when those equal the metrics the cell recorded (acc and perplexity, to a relative 1e-9) are the
+per-item records written into the cell (`eval.lm_eval.continuation_items`, atomically);
+a cell that already has them is left alone.
+
+    python scripts/backfill_continuation_items.py --grid results/study_benchmarks \
+        [--work runs/compare/study_benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from qcal.errors import QcalError  # noqa: E402
+from qcal.fsio import atomic_write_text  # noqa: E402
+from qcal.grid.runner import saved_spec  # noqa: E402
+
+SINGLE_CONTINUATION_TASKS = ("lambada_openai",)
+
+
+def read_scores(path: Path) -> dict[str, tuple[float, bool]]:
+    """A score store's scores, read only (its header is not checked against any model)."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    scores = {}
+    for line in lines[1:]:
+        try:
+            key, ll, greedy = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill, or the empty last one
+        scores[key] = (float(ll), bool(greedy))
+    return scores
+
+
+def replay_lm(model: Any, tok: Any, scores: dict[str, tuple[float, bool]]) -> Any:
+    """lm-eval's HFLM whose log-likelihoods come from `scores` only."""
+    from lm_eval.models.huggingface import HFLM
+
+    from qcal.eval.score_store import request_key
+
+    class ReplayHFLM(HFLM):
+        def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False,
+                                  override_bs: int | None = None) -> list[tuple[float, bool]]:
+            out = []
+            for _, context, continuation in requests:
+                answer = scores.get(request_key(context, continuation))
+                if answer is None:
+                    raise QcalError("a request is not in the score store (scored with another "
+                                    "tokenizer or limit?); rerun the cell instead")
+                out.append(answer)
+            return out
+
+    return ReplayHFLM(pretrained=model, tokenizer=tok, batch_size=16, device="cpu")
+
+
+def backfill(grid: Path, work: Path) -> list[str]:
+    """Cells of `grid` given their continuation items; raises on any mismatch."""
+    from transformers import AutoModelForCausalLM
+
+    from qcal.eval.harness import run_tasks, task_manager
+    from qcal.model.loading import load_tokenizer, resolve_model_dir
+
+    model_dir = resolve_model_dir(saved_spec(grid).get("model"))
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    done = []
+    for cell_file in sorted((grid / "cells").glob("*.json")):
+        record = json.loads(cell_file.read_text())
+        block = record["eval"]["lm_eval"]
+        kept = block.get("continuation_items") or {}
+        tasks = [t for t in SINGLE_CONTINUATION_TASKS
+                 if t in block["results"]["model"] and t not in kept]
+        if not tasks:
+            continue
+        store = work / "scores" / f"{record['cell']}.jsonl"
+        if not store.is_file():
+            raise QcalError(f"{store} is missing; cell {record['cell']} cannot be backfilled")
+        lm = replay_lm(model, tok, read_scores(store))
+        for task in tasks:
+            limit = (block["info"].get("limits") or {}).get(task)
+            run = run_tasks(lm, tok, [task], task_manager(names=[task]), limit=limit)
+            want, got = block["results"]["model"][task], run.metrics[task]
+            for metric in ("acc,none", "perplexity,none"):
+                if abs(float(want[metric]) - float(got[metric])) > 1e-9 * max(
+                        1.0, abs(float(want[metric]))):
+                    raise QcalError(f"cell {record['cell']} {task}: replayed {metric} "
+                                    f"{got[metric]} != recorded {want[metric]}; not written")
+            kept[task] = run.continuations[task]
+        block["continuation_items"] = kept
+        atomic_write_text(cell_file, json.dumps(record, indent=1, default=str))
+        done.append(record["cell"])
+        print(f"{cell_file}: {', '.join(tasks)} items written", flush=True)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", type=Path, required=True, help="results/<grid>")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="the grid's work folder (default runs/compare/<grid name>)")
+    args = parser.parse_args(argv)
+    work = args.work or ROOT / "runs" / "compare" / args.grid.name
+    try:
+        backfill(args.grid, work)
+    except QcalError as err:
+        print(f"backfill: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
