@@ -65,6 +65,8 @@ def replay_lm(model: Any, tok: Any, scores: dict[str, tuple[float, bool]]) -> An
                 out.append(answer)
             return out
 
+    # The model never runs (every score comes from the store); HFLM only reads its config
+    # (max length, BOS) to tokenize as the grid did, so it stays on the CPU.
     return ReplayHFLM(pretrained=model, tokenizer=tok, batch_size=16, device="cpu")
 
 
