@@ -34,19 +34,6 @@ from qcal.grid.runner import saved_spec  # noqa: E402
 SINGLE_CONTINUATION_TASKS = ("lambada_openai",)
 
 
-def read_scores(path: Path) -> dict[str, tuple[float, bool]]:
-    """A score store's scores, read only (its header is not checked against any model)."""
-    lines = path.read_text(encoding="utf-8").split("\n")
-    scores = {}
-    for line in lines[1:]:
-        try:
-            key, ll, greedy = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill, or the empty last one
-        scores[key] = (float(ll), bool(greedy))
-    return scores
-
-
 def replay_lm(model: Any, tok: Any, scores: dict[str, tuple[float, bool]]) -> Any:
     """lm-eval's HFLM whose log-likelihoods come from `scores` only."""
     from lm_eval.models.huggingface import HFLM
@@ -75,6 +62,7 @@ def backfill(grid: Path, work: Path) -> list[str]:
     from transformers import AutoModelForCausalLM
 
     from qcal.eval.harness import run_tasks, task_manager
+    from qcal.eval.score_store import parse_scores
     from qcal.model.loading import load_tokenizer, resolve_model_dir
 
     model_dir = resolve_model_dir(saved_spec(grid).get("model"))
@@ -92,7 +80,8 @@ def backfill(grid: Path, work: Path) -> list[str]:
         store = work / "scores" / f"{record['cell']}.jsonl"
         if not store.is_file():
             raise QcalError(f"{store} is missing; cell {record['cell']} cannot be backfilled")
-        lm = replay_lm(model, tok, read_scores(store))
+        # Read only: the header names the quantized checkpoint, not the model loaded here.
+        lm = replay_lm(model, tok, parse_scores(store.read_text(encoding="utf-8").split("\n")[1:]))
         for task in tasks:
             limit = (block["info"].get("limits") or {}).get(task)
             run = run_tasks(lm, tok, [task], task_manager(names=[task]), limit=limit)

@@ -40,6 +40,18 @@ def request_key(context: Sequence[int], continuation: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps([list(context), list(continuation)]).encode()).hexdigest()[:32]
 
 
+def parse_scores(lines: Sequence[str]) -> dict[str, tuple[float, bool]]:
+    """{request key: (log-likelihood, greedy)} from a store's lines after its header."""
+    scores = {}
+    for line in lines:
+        try:
+            key, ll, greedy = json.loads(line)
+        except ValueError:
+            continue  # the line a kill cut short (or the empty one after the last newline)
+        scores[key] = (float(ll), bool(greedy))
+    return scores
+
+
 class ScoreStore:
     """Scores of one model's log-likelihood requests, appended to `path` as they come."""
 
@@ -65,12 +77,7 @@ class ScoreStore:
                               "not overwrite files it did not write)")
         if header != self.header:
             return False
-        for line in lines[1:]:
-            try:
-                key, ll, greedy = json.loads(line)
-            except ValueError:
-                continue  # the line a kill cut short (or the empty one after the last newline)
-            self.scores[key] = (float(ll), bool(greedy))
+        self.scores.update(parse_scores(lines[1:]))
         if lines[-1]:  # a cut-short last line: end the file before appending after it
             with self.path.open("a", encoding="utf-8") as f:
                 f.write("\n")
