@@ -59,15 +59,12 @@ def replay_lm(model: Any, tok: Any, scores: dict[str, tuple[float, bool]]) -> An
 
 def backfill(grid: Path, work: Path) -> list[str]:
     """Cells of `grid` given their continuation items; raises on any mismatch."""
-    from transformers import AutoModelForCausalLM
-
     from qcal.eval.harness import run_tasks, task_manager
     from qcal.eval.score_store import parse_scores
-    from qcal.model.loading import load_tokenizer, resolve_model_dir
+    from qcal.model.loading import load_model
 
-    model_dir = resolve_model_dir(saved_spec(grid).get("model"))
-    tok = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    # qcal's own loader: safetensors only, local files, no remote code.
+    model, tok, _ = load_model(saved_spec(grid).get("model"))
     done = []
     for cell_file in sorted((grid / "cells").glob("*.json")):
         record = json.loads(cell_file.read_text())
