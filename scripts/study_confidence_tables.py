@@ -10,7 +10,8 @@ do not run, one calibration draw) and writes two reports:
   grid alone):
   lm-eval's own acc, acc_norm and perplexity with stderr and item counts, float and every
   method, groups with their direct subtasks (qcal.grid.benchmarks), and the grid each
-  row comes from;
+  row comes from; each method's paired accuracy change from float, and the methods against
+  each other (AWQ and GPTQ vs RTN, AWQ vs GPTQ) paired over the same items;
 - confidence: accuracy, ECE, Brier, NLL and gold-answer confidence of the raw choice
   probabilities (mean ± 95% interval over seeds), the paired drift from the float model
   on the same items, the per-quartile table, and the test of the published claim that 4-bit
@@ -41,6 +42,8 @@ from qcal.grid.benchmarks import (  # noqa: E402
     cell_text,
     combined_table,
     delta_text,
+    method_pair_tests,
+    pair_findings,
     share_text,
 )
 from qcal.grid.benchmarks import findings as benchmark_findings  # noqa: E402
@@ -118,10 +121,37 @@ def bench_section(run: Path, conf_grids: list[Path], chart: Path
                             "grid"], benchmark_rows(rows, names))
     link = accuracy_chart(chart, rows, model_label(spec))
     found = benchmark_findings(rows)
+    pairs = method_pair_tests(sources)
+    pair_found = pair_findings(pairs)
+    pair_part = [
+        "### Methods against each other (paired over items)",
+        "Δacc = accuracy of the first method minus the second's on the same items of each "
+        "top-level task (a method's per-item score is the share of its seeds right), 95% "
+        "paired-bootstrap CI, p (Holm): over every pair of this model, * below 0.05; d_z: "
+        "effect size of the per-item differences. Resampling the items alone leaves out the "
+        "variance of the calibration draw, which one draw per benchmark-grid cell cannot "
+        "measure.",
+        markdown_table(["task", "comparison", "Δacc [95% CI]", "p (Holm)", "d_z", "grid"],
+                       pair_rows(pairs, names)),
+        "\n".join(pair_found)] if pairs else []
     return [*head, table, *([link] if link else []),
             "### Findings (computed from the table above)",
-            "\n".join(found) or "(no quantized cells yet)"], {
-                "spec": spec, "missing": missing, "grids": names, "rows": rows, "findings": found}
+            "\n".join(found) or "(no quantized cells yet)", *pair_part], {
+                "spec": spec, "missing": missing, "grids": names, "rows": rows, "findings": found,
+                "method_pairs": pairs, "method_pair_findings": pair_found}
+
+
+def pair_rows(pairs: list[dict[str, Any]], names: list[str]) -> list[list[object]]:
+    """Table rows of `method_pair_tests`' pairs."""
+    out = []
+    for pair in pairs:
+        test = pair["test"]
+        out.append([pair["task"], f"{pair['a']} - {pair['b']}",
+                    f"{test['delta']:+.4f} [{test['ci_low']:+.4f}, {test['ci_high']:+.4f}]",
+                    f"{test['p_holm']:.3g}" + (" *" if test["significant_holm"] else ""),
+                    "-" if test["effect_dz"] is None else f"{test['effect_dz']:+.2f}",
+                    names[pair["source"]]])
+    return out
 
 
 def confidence_rows(per_task: dict[str, Any]) -> list[list[object]]:

@@ -25,6 +25,10 @@ those flags where the cells kept them (`continuation_items`; older cells did not
 `findings` turns one model's table into bullets: each method's mean change and the
 changes that survive Holm, and the tasks where a model answers at chance or gives one
 answer to nearly every item.
+
+`method_pair_tests` puts the methods against each other on the same items (AWQ and GPTQ
+against RTN, AWQ against GPTQ), the same paired test on each top-level task, Holm over one
+model's pairs: testing each method against float only cannot say which method loses less.
 """
 
 from __future__ import annotations
@@ -142,19 +146,27 @@ def _graded(rec: dict[str, Any], task: str, children: dict[str, list[str]]
     return None
 
 
+def _method_scores(recs: list[dict[str, Any]], task: str, children: dict[str, list[str]]
+                   ) -> tuple[list[tuple[Any, Any]], np.ndarray] | None:
+    """(each item's identity, the share of a method's seeds that answer it right); None
+    when a seed kept no per-item records for `task` or the seeds' items do not line up."""
+    runs = [_graded(rec, task, children) for rec in recs]
+    first = runs[0] if runs else None
+    if first is None or any(run is None or run[0] != first[0] for run in runs):
+        return None
+    return first[0], np.mean([run[1] for run in runs if run is not None], axis=0)
+
+
 def accuracy_test(float_rec: dict[str, Any], recs: list[dict[str, Any]], task: str,
                   children: dict[str, list[str]]) -> dict[str, Any] | None:
     """Paired test of a method's per-item accuracy (the share of its seeds that answer each
     item right) minus the float model's, over the same items; None when the cells kept no
     per-item records for `task` or the items do not line up (doc and gold answer)."""
     base = _graded(float_rec, task, children)
-    if base is None:
+    method = _method_scores(recs, task, children)
+    if base is None or method is None or method[0] != base[0]:
         return None
-    runs = [_graded(rec, task, children) for rec in recs]
-    if any(run is None or run[0] != base[0] for run in runs):
-        return None
-    method = np.mean([run[1] for run in runs if run is not None], axis=0)
-    return paired_mean_test(method, base[1])
+    return paired_mean_test(method[1], base[1])
 
 
 def with_float_tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -209,13 +221,74 @@ def combined_table(sources: list[tuple[dict[str, dict[str, Any]], list[str]]]
     from the first grid that ran it, so no task is scored twice (the benchmark grid leaves
     the confidence grid's tasks to it, seeds and all). Rows say which source they are from
     (`source`: its index). `acc_test`s are Holm-adjusted over all rows."""
-    seen: set[str] = set()
     rows = []
+    for index, cells, own in _own_tasks(sources):
+        rows += [{**row, "source": index} for row in benchmark_table(cells, own)]
+    return with_float_tests(rows)
+
+
+def _own_tasks(sources: list[tuple[dict[str, dict[str, Any]], list[str]]]
+               ) -> list[tuple[int, dict[str, dict[str, Any]], list[str]]]:
+    """(index, cells, the tasks no earlier source ran) for each source."""
+    seen: set[str] = set()
+    out = []
     for index, (cells, tasks) in enumerate(sources):
         own = [t for t in tasks if t not in seen]
         seen.update(own)
-        rows += [{**row, "source": index} for row in benchmark_table(cells, own)]
-    return with_float_tests(rows)
+        out.append((index, cells, own))
+    return out
+
+
+# What a user chooses between: does calibration beat plain rounding, and which calibrated
+# method loses less. Each pair is (a, b), tested as a - b.
+METHOD_PAIRS = (("awq", "rtn"), ("gptq", "rtn"), ("awq", "gptq"))
+
+
+def method_pair_tests(sources: list[tuple[dict[str, dict[str, Any]], list[str]]]
+                      ) -> list[dict[str, Any]]:
+    """Each pair of METHOD_PAIRS on every top-level task of one model (sources as
+    `combined_table`'s, each task from the first grid that ran it): {"task", "a", "b",
+    "source", "test"}, the test paired over the same items (each side's per-item score the
+    share of its seeds right) and Holm-adjusted over all of the model's pairs. A pair is
+    left out where either method has no cells or per-item records for the task."""
+    pairs = []
+    for index, cells, own in _own_tasks(sources):
+        methods = by_method(cells)
+        if not methods:
+            continue
+        info = model_lm_eval(next(iter(methods.values()))[0])["info"]
+        children = info.get("group_subtasks") or {}
+        for task, depth in task_rows(own, info):
+            if depth:
+                continue
+            graded = {m: _method_scores(recs, task, children) for m, recs in methods.items()}
+            for a, b in METHOD_PAIRS:
+                side_a, side_b = graded.get(a), graded.get(b)
+                if side_a is None or side_b is None or side_a[0] != side_b[0]:
+                    continue
+                pairs.append({"task": task, "a": a, "b": b, "source": index,
+                              "test": paired_mean_test(side_a[1], side_b[1])})
+    adjusted = with_holm([pair["test"] for pair in pairs])
+    return [{**pair, "test": test} for pair, test in zip(pairs, adjusted, strict=True)]
+
+
+def pair_findings(pairs: list[dict[str, Any]]) -> list[str]:
+    """One bullet per method pair: on how many tasks each side is significantly more
+    accurate after Holm, and on which."""
+    out = []
+    for a, b in METHOD_PAIRS:
+        mine = [p for p in pairs if (p["a"], p["b"]) == (a, b)]
+        if not mine:
+            continue
+        wins = {side: [p for p in mine if p["test"]["significant_holm"]
+                       and (p["test"]["delta"] > 0) == (side == a)] for side in (a, b)}
+        said = "; ".join(f"{side} on {len(won)} ("
+                         + ", ".join(f"{p['task']} {p['test']['delta']:+.3f}" for p in won) + ")"
+                         for side, won in wins.items() if won)
+        out.append(f"- **{a} vs {b}** over {len(mine)} tasks: mean Δacc "
+                   f"{mean(p['test']['delta'] for p in mine):+.4f}; more accurate after Holm: "
+                   + (said or "neither, on any task") + ".")
+    return out
 
 
 def cell_text(row: dict[str, Any], metric: str) -> str:

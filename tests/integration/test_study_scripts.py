@@ -77,6 +77,11 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
         assert f"]({chart})" in (tmp_path / f"{report}.md").read_text()
     bench = (tmp_path / "bench.md").read_text()
     assert "| qcal_nextsent_en | float | 1 | 8 |" in bench and "| qcal_nextsent_en | gptq | 2 | 8 |" in bench
+    # GPTQ against RTN on the same 8 items (no AWQ cells: its pairs are left out)
+    assert "### Methods against each other" in bench and "| qcal_nextsent_en | gptq - rtn |" in bench
+    assert "awq - " not in bench and "- **gptq vs rtn** over 1 tasks" in bench
+    pairs = json.loads((tmp_path / "bench.json").read_text())["grids"]["grid"]["method_pairs"]
+    assert [(p["a"], p["b"], p["test"]["units"]) for p in pairs] == [("gptq", "rtn", 8)]
     data = json.loads((tmp_path / "conf.json").read_text())
     drift = data["grids"]["grid"]["tasks"]["qcal_nextsent_en"]["gptq"]["drift"]
     assert drift["seeds"] == 2 and "p_holm" in drift["conf_true_test"]

@@ -11,6 +11,8 @@ from qcal.grid.benchmarks import (
     delta_text,
     findings,
     items_scored,
+    method_pair_tests,
+    pair_findings,
     share_text,
 )
 
@@ -197,3 +199,41 @@ def test_lambada_gets_a_paired_test_on_its_greedy_flags_where_cells_kept_them() 
     assert test["delta"] == pytest.approx(-0.5) and test["units"] == 30
     assert test["significant_holm"]
     assert "acc_test" not in by["gptq"] and "acc_test" not in by["float"]
+
+
+def test_methods_are_tested_against_each_other_on_the_same_items() -> None:
+    """40 items, float right on all: RTN wrong on 20, AWQ on 2 (AWQ beats RTN for real),
+    GPTQ's two seeds on 20 and 18 (19 on average: no better than RTN, worse than AWQ)."""
+    gold = [0] * 40
+    rtn = [1] * 20 + [0] * 20
+    awq = [1] * 2 + [0] * 38
+    gptq_s0, gptq_s1 = [1] * 20 + [0] * 20, [0] * 2 + [1] * 18 + [0] * 20
+    cells = {"float": _mc_cell(None, 0, gold, gold), "none__rtn": _mc_cell("rtn", 0, rtn, gold),
+             "random__awq__s0": _mc_cell("awq", 0, awq, gold),
+             "random__gptq__s0": _mc_cell("gptq", 0, gptq_s0, gold),
+             "random__gptq__s1": _mc_cell("gptq", 1, gptq_s1, gold)}
+    pairs = method_pair_tests([(cells, ["mc", "lambada_openai"])])
+    by = {(p["a"], p["b"]): p["test"] for p in pairs}
+    # lambada here kept no greedy flags: only mc is tested, once per pair
+    assert [p["task"] for p in pairs] == ["mc"] * 3 and set(by) == {
+        ("awq", "rtn"), ("gptq", "rtn"), ("awq", "gptq")}
+    assert by[("awq", "rtn")]["delta"] == pytest.approx(0.45)
+    assert by[("gptq", "rtn")]["delta"] == pytest.approx(0.025)  # seeds averaged per item
+    assert by[("awq", "gptq")]["delta"] == pytest.approx(0.425)
+    assert by[("awq", "rtn")]["significant_holm"] and by[("awq", "gptq")]["significant_holm"]
+    assert not by[("gptq", "rtn")]["significant_holm"]
+    assert all(t["p_holm"] >= t["p_bootstrap"] for t in by.values())
+    found = pair_findings(pairs)
+    assert found[0].startswith("- **awq vs rtn** over 1 tasks: mean Δacc +0.4500")
+    assert "awq on 1 (mc +0.450)" in found[0]
+    assert found[1].endswith("neither, on any task.")
+
+
+def test_a_method_pair_is_left_out_where_one_side_lacks_items() -> None:
+    gold = [0, 1, 2, 0]
+    awq = _mc_cell("awq", 0, gold, gold)
+    awq["items"]["mc"] = awq["items"]["mc"][:3]  # not the same items as RTN's
+    cells = {"float": _mc_cell(None, 0, gold, gold), "none__rtn": _mc_cell("rtn", 0, gold, gold),
+             "random__awq__s0": awq}
+    assert method_pair_tests([(cells, ["mc"])]) == []
+    assert pair_findings([]) == []
