@@ -5,6 +5,7 @@
 #   configs/study_zipcal{,_gemma3}.yaml       -> results/zipcal.{md,json}
 #   configs/study_confidence{,_gemma3}.yaml   -> results/confidence.{md,json}
 #   configs/study_benchmarks{,_gemma3}.yaml   -> results/benchmarks.{md,json}
+#   configs/study_lambada_seeds.yaml          -> LAMBADA in results/benchmarks.md (3 draws)
 # Each `qcal compare` continues where it stopped (finished cells are never recomputed), so
 # the whole thing can run across sessions: `bash scripts/run_evidence_studies.sh` again.
 # Many hours on a 2-core CPU (AWQ cells and Gemma's 262k-token head dominate).
@@ -16,7 +17,7 @@ QCAL=${QCAL:-.venv/bin/qcal}
 PY=${PY:-.venv/bin/python}
 # Order: the seeded studies on both models first, the single-draw benchmark grids last (if
 # the compute runs out early, the studies' findings on both models are what matters most).
-STUDIES=${STUDIES:-"study_multilingual study_zipcal study_confidence study_multilingual_gemma3 study_zipcal_gemma3 study_confidence_gemma3 study_benchmarks study_benchmarks_gemma3"}
+STUDIES=${STUDIES:-"study_multilingual study_zipcal study_confidence study_multilingual_gemma3 study_zipcal_gemma3 study_confidence_gemma3 study_benchmarks study_benchmarks_gemma3 study_lambada_seeds"}
 # A grid that fails (its error is in the log) does not hold up the others; the tables are
 # still rendered from what exists, and the exit status says that something failed.
 failed=""
@@ -29,7 +30,8 @@ grids() { for g in "results/$1" "results/$1_gemma3"; do if [ -d "$g/cells" ]; th
 # shellcheck disable=SC2046
 "$PY" scripts/study_zipcal_tables.py $(grids study_zipcal)
 # shellcheck disable=SC2046
-"$PY" scripts/study_confidence_tables.py $(grids study_confidence) $(grids study_benchmarks bench-grid)
+"$PY" scripts/study_confidence_tables.py $(grids study_confidence) $(grids study_benchmarks bench-grid) \
+  $(grids study_lambada_seeds bench-grid)
 if [ -n "$failed" ]; then
   echo "run_evidence_studies: these grids stopped with an error:$failed" >&2
   exit 1

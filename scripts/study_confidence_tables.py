@@ -7,7 +7,8 @@ grids (configs/study_benchmarks{,_gemma3}.yaml: the benchmark tasks the confiden
 do not run, one calibration draw) and writes two reports:
 - benchmarks (from the benchmark grids, plus the tasks they leave to the confidence grid
   of the same model; a model whose benchmark grid has no cells yet from its confidence
-  grid alone):
+  grid alone; a second benchmark grid of a model, such as configs/study_lambada_seeds.yaml,
+  supplies the tasks it re-ran with more calibration draws):
   lm-eval's own acc, acc_norm and perplexity with stderr and item counts, float and every
   method, groups with their direct subtasks (qcal.grid.benchmarks), and the grid each
   row comes from; each method's paired accuracy change from float, and the methods against
@@ -95,14 +96,30 @@ def accuracy_chart(chart: Path, rows: list[dict[str, Any]], model: str) -> str |
     return chart_link(chart, "accuracy per task and model with 95% intervals")
 
 
-def bench_section(run: Path, conf_grids: list[Path], chart: Path
+def bench_section(run: Path, supplements: list[Path], conf_grids: list[Path], chart: Path
                   ) -> tuple[list[str], dict[str, Any]]:
-    """One model's benchmark table: the benchmark grid's tasks, then the tasks that the
-    confidence grid of the same model ran and the benchmark grid left to it; `chart`: where
-    its accuracy chart goes."""
+    """One model's benchmark table: the benchmark grid's tasks, each task a supplementary
+    benchmark grid re-ran (more calibration draws) taken from that grid instead, then the
+    tasks that the confidence grid of the same model ran and the benchmark grid left to it;
+    `chart`: where its accuracy chart goes."""
     spec, cells, missing = grid_progress(run)
-    sources, names = [(cells, list(spec.get("tasks") or []))], [run.name]
     head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
+    # A task comes from the first source that ran it: supplements go first.
+    sources, names = [], []
+    for extra in supplements:
+        extra_spec, extra_cells, extra_missing = grid_progress(extra)
+        extra_tasks = list(extra_spec.get("tasks") or [])
+        sources.append((extra_cells, extra_tasks))
+        names.append(extra.name)
+        seeds = extra_spec.get("seed")
+        seeds = ", ".join(map(str, seeds)) if isinstance(seeds, list) else seeds
+        head.append(f"{', '.join(extra_tasks)} from `{shown(extra, ROOT)}` instead, which "
+                    f"re-ran {'them' if len(extra_tasks) > 1 else 'it'} with calibration seeds "
+                    f"{seeds} (cells finished: {len(extra_cells)} of "
+                    f"{len(extra_cells) + len(extra_missing)}{_limits(extra_spec)}; its "
+                    "calibrated methods have one row per method, the mean over its seeds).")
+    sources.append((cells, list(spec.get("tasks") or [])))
+    names.append(run.name)
     for conf in conf_grids:
         if conf == run:
             continue
@@ -248,7 +265,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grid", type=Path, action="append", help="confidence grid (repeatable)")
     p.add_argument("--bench-grid", type=Path, action="append",
-                   help="benchmark grid (repeatable; default: results/study_benchmarks*)")
+                   help="benchmark grid (repeatable; default: results/study_benchmarks*); a "
+                        "model's first heads its section, a later one of the same model "
+                        "supplies the tasks it re-ran")
     p.add_argument("--out-confidence", type=Path, default=ROOT / "results" / "confidence")
     p.add_argument("--out-benchmarks", type=Path, default=ROOT / "results" / "benchmarks")
     args = p.parse_args()
@@ -256,16 +275,22 @@ def main() -> None:
     bench_grids = [g.resolve() for g in (args.bench_grid or sorted(
         g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
+    # A model's first benchmark grid heads its section; a later one of the same model is a
+    # supplement that re-ran some of its tasks with more calibration draws.
+    by_model: dict[Any, list[Path]] = {}
+    for g in bench_grids:
+        by_model.setdefault(saved_spec(g).get("model"), []).append(g)
     # A model's confidence grid stands in for its benchmark grid until that one has cells,
     # so a model is never missing from benchmarks.md while its benchmark grid runs.
-    bench_models = {saved_spec(g).get("model") for g in bench_grids}
-    bench_sources = bench_grids + [g for g in grids
-                                   if saved_spec(g).get("model") not in bench_models]
+    bench_sources = [runs[0] for runs in by_model.values()] + [
+        g for g in grids if saved_spec(g).get("model") not in by_model]
     bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_sources]
     conf_charts = [chart_path(args.out_confidence.resolve(), run) for run in grids]
     for run, chart in zip(bench_sources, bench_charts, strict=True):
-        parts, bench_data[run.name] = bench_section(run, grids if run in bench_grids else [],
-                                                    chart)
+        heads_a_model = run in bench_grids
+        supplements = by_model[saved_spec(run).get("model")][1:] if heads_a_model else []
+        parts, bench_data[run.name] = bench_section(run, supplements,
+                                                    grids if heads_a_model else [], chart)
         bench_parts += parts
     for run, chart in zip(grids, conf_charts, strict=True):
         spec, cells, missing = grid_progress(run)

@@ -116,6 +116,19 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     assert bench.count("### Findings") == 2 and "| other_model |" in bench
     assert "(`" in bench and "other_model`)" in bench
 
+    # A second benchmark grid of the same model re-ran the task with more draws: the
+    # model keeps one section, headed by its first grid, and the task comes from the second.
+    shutil.copytree(tmp_path / "grid", tmp_path / "seeded")
+    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
+                   "--bench-grid", tmp_path / "seeded", "--out-confidence", tmp_path / "conf4",
+                   "--out-benchmarks", tmp_path / "bench4")
+    assert done.returncode == 0, done.stderr
+    bench = (tmp_path / "bench4.md").read_text()
+    assert bench.count("### Findings") == 1 and "(`" in bench and "grid`)" in bench
+    assert "seeded` instead, which re-ran it with calibration seeds 0, 1 (" in bench
+    rows = [line for line in bench.splitlines() if line.startswith("| qcal_nextsent_en |")]
+    assert rows and all(line.endswith("| seeded |") for line in rows)
+
     # Re-rendered from the other benchmark grid, the report links that grid's chart and
     # removes the one of the grid it no longer shows; the confidence chart stays.
     done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid",
