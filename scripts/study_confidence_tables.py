@@ -341,7 +341,8 @@ def main() -> None:
              "(`qcal provision --only benchmarks`; sources and licences in "
              "data/benchmarks/tasks/README.md); w4 g128 asym; calibration draws of 32 x 512 "
              "random handbook windows for GPTQ (act-order) and AWQ: three seeds in the "
-             "confidence grids, one in the benchmark grids.")
+             "confidence grids and in a benchmark grid that re-runs some tasks, one in the "
+             "main benchmark grids (each section names the grid of each task).")
     bench_intro = ("Each score is lm-eval's own (acc, acc_norm; perplexity for lambada_openai) "
                    "± lm-eval's stderr; a method with several calibration seeds shows the mean "
                    "of each. Groups are followed by their direct subtasks (indented); a "
