@@ -109,15 +109,21 @@ def bench_section(run: Path, supplements: list[Path], conf_grids: list[Path], ch
     for extra in supplements:
         extra_spec, extra_cells, extra_missing = grid_progress(extra)
         extra_tasks = list(extra_spec.get("tasks") or [])
-        sources.append((extra_cells, extra_tasks))
-        names.append(extra.name)
         seeds = extra_spec.get("seed")
         seeds = ", ".join(map(str, seeds)) if isinstance(seeds, list) else seeds
+        done = f"{len(extra_cells)} of {len(extra_cells) + len(extra_missing)}"
+        if extra_missing:
+            # Half a supplement would replace whole rows with fewer methods or draws.
+            head.append(f"`{shown(extra, ROOT)}` (re-runs {', '.join(extra_tasks)} with "
+                        f"calibration seeds {seeds}) is left out until it is finished "
+                        f"(cells finished: {done}).")
+            continue
+        sources.append((extra_cells, extra_tasks))
+        names.append(extra.name)
         head.append(f"{', '.join(extra_tasks)} from `{shown(extra, ROOT)}` instead, which "
                     f"re-ran {'them' if len(extra_tasks) > 1 else 'it'} with calibration seeds "
-                    f"{seeds} (cells finished: {len(extra_cells)} of "
-                    f"{len(extra_cells) + len(extra_missing)}{_limits(extra_spec)}; its "
-                    "calibrated methods have one row per method, the mean over its seeds).")
+                    f"{seeds} (cells finished: {done}{_limits(extra_spec)}; its calibrated "
+                    "methods have one row per method, the mean over its seeds).")
     sources.append((cells, list(spec.get("tasks") or [])))
     names.append(run.name)
     for conf in conf_grids:

@@ -128,6 +128,16 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     assert "seeded` instead, which re-ran it with calibration seeds 0, 1 (" in bench
     rows = [line for line in bench.splitlines() if line.startswith("| qcal_nextsent_en |")]
     assert rows and all(line.endswith("| seeded |") for line in rows)
+    # An unfinished supplement is left out, and says so, rather than replace whole rows.
+    next(iter((tmp_path / "seeded" / "cells").glob("*gptq*.json"))).unlink()
+    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
+                   "--bench-grid", tmp_path / "seeded", "--out-confidence", tmp_path / "conf4",
+                   "--out-benchmarks", tmp_path / "bench4")
+    assert done.returncode == 0, done.stderr
+    bench = (tmp_path / "bench4.md").read_text()
+    assert "seeded` (re-runs qcal_nextsent_en with calibration seeds 0, 1) is left out" in bench
+    rows = [line for line in bench.splitlines() if line.startswith("| qcal_nextsent_en |")]
+    assert rows and all(line.endswith("| grid |") for line in rows)
 
     # Re-rendered from the other benchmark grid, the report links that grid's chart and
     # removes the one of the grid it no longer shows; the confidence chart stays.
