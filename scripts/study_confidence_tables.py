@@ -46,6 +46,7 @@ from qcal.grid.benchmarks import (  # noqa: E402
     method_pair_tests,
     pair_findings,
     share_text,
+    test_text,
 )
 from qcal.grid.benchmarks import findings as benchmark_findings  # noqa: E402
 from qcal.grid.confidence_study import (  # noqa: E402
@@ -166,15 +167,9 @@ def bench_section(run: Path, supplements: list[Path], conf_grids: list[Path], ch
 
 def pair_rows(pairs: list[dict[str, Any]], names: list[str]) -> list[list[object]]:
     """Table rows of `method_pair_tests`' pairs."""
-    out = []
-    for pair in pairs:
-        test = pair["test"]
-        out.append([pair["task"], f"{pair['a']} - {pair['b']}",
-                    f"{test['delta']:+.4f} [{test['ci_low']:+.4f}, {test['ci_high']:+.4f}]",
-                    f"{test['p_holm']:.3g}" + (" *" if test["significant_holm"] else ""),
-                    "-" if test["effect_dz"] is None else f"{test['effect_dz']:+.2f}",
-                    names[pair["source"]]])
-    return out
+    return [[pair["task"], f"{pair['a']} - {pair['b']}", *test_text(pair["test"]),
+             "-" if pair["test"]["effect_dz"] is None else f"{pair['test']['effect_dz']:+.2f}",
+             names[pair["source"]]] for pair in pairs]
 
 
 def confidence_rows(per_task: dict[str, Any]) -> list[list[object]]:

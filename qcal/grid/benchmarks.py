@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from qcal.eval.stats import paired_mean_test, with_holm
+from qcal.eval.stats import paired_mean_test, significant, with_holm
 from qcal.grid.confidence_study import by_method
 from qcal.grid.evidence import model_lm_eval
 from qcal.grid.spec import FLOAT_CELL
@@ -305,15 +305,19 @@ def share_text(row: dict[str, Any], key: str) -> str:
     return f"{row[key]:.2f}" if key in row else "-"
 
 
-def delta_text(row: dict[str, Any]) -> tuple[str, str]:
-    """('+0.0123 [-0.0050, +0.0300]', p_Holm) of a row's accuracy test; ('-', '-') without."""
-    test = row.get("acc_test")
-    if not test:
-        return "-", "-"
+def test_text(test: dict[str, Any]) -> tuple[str, str]:
+    """('+0.0123 [-0.0050, +0.0300]', '0.004 *') of a paired test: its delta with the 95%
+    interval, and its p (after Holm where adjusted), * where significant."""
     p = test.get("p_holm", test["p_bootstrap"])
-    mark = " *" if test.get("significant_holm", test["significant"]) else ""
+    mark = " *" if significant(test) else ""
     return (f"{test['delta']:+.4f} [{test['ci_low']:+.4f}, {test['ci_high']:+.4f}]",
             f"{p:.3g}{mark}")
+
+
+def delta_text(row: dict[str, Any]) -> tuple[str, str]:
+    """`test_text` of a row's accuracy test against float; ('-', '-') without one."""
+    test = row.get("acc_test")
+    return test_text(test) if test else ("-", "-")
 
 
 # A model whose accuracy is this close to guessing, or that gives its own favourite answer
