@@ -2,21 +2,22 @@
 
 An `ArchSpec` says where the decoder layers live, which linears GPTQ quantizes
 together and in which (true-sequential) order, and which op/linear pairs AWQ
-may rescale. Specs are keyed by the HF class name; unknown classes fall back to
-the Llama-like default, which covers Llama, Mistral, Qwen2/3 and SmolLM.
+may rescale. Specs are resolved from the model itself (qcal.model.resolve), never
+looked up by class name; `LLAMA_LIKE` is what resolution yields for Llama, Mistral,
+Qwen2/3 and SmolLM, kept as the reference the tests compare against.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from typing import Any
 
 from torch import nn
 
 from qcal.module_tree import get_module, set_module
-from qcal.registry import Registry
 
-__all__ = ["ARCHS", "ArchSpec", "ScaleGroup", "arch_for", "decoder_layers", "get_module",
-           "set_module"]
+__all__ = ["LLAMA_LIKE", "ArchSpec", "ScaleGroup", "decoder_layers", "get_module", "set_module"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +25,11 @@ class ScaleGroup:
     """AWQ: `prev_op`'s output feeds `linears`; scales fold into `prev_op`.
 
     `block` names the module whose output error scores a scale (the attention or
-    MLP block), so the search sees what the scale does downstream. `token_wise` says the
-    block maps every token on its own (an MLP, not attention), so its loss may be scored on
-    a token subsample; a block that is a single linear is handled exactly either way.
+    MLP block), so the search sees what the scale does downstream; "" when no module takes
+    exactly the linears' input (a parallel-residual norm feeding attention and MLP): the
+    loss is then the linears' own output error. `token_wise` says the block maps every
+    token on its own (an MLP, not attention), so its loss may be scored on a token
+    subsample; a block that is a single linear is handled exactly either way.
     """
 
     prev_op: str
@@ -71,33 +74,44 @@ class ArchSpec:
     # device to capture layer 0's inputs, then back. Missing names are skipped.
     prelude_modules: tuple[str, ...] = ("model.embed_tokens", "model.rotary_emb",
                                         "model.rotary_emb_local")
+    # What resolution found besides: the model type, the layer modules re-expressed as
+    # linears (Conv1D, fused MoE experts: qcal.model.adapters), the linears kept float
+    # (routers, 1-wide gates) and the AWQ scale-group candidates left out, with the reason.
+    model_type: str = ""
+    adapted: tuple[str, ...] = ()
+    float_linears: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
 
     @property
     def linear_names(self) -> tuple[str, ...]:
         return tuple(name for step in self.sequential for name in step)
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: what quant_log.json, the model card and `--show-arch` record."""
+        out = dataclasses.asdict(self)
+        out["scale_groups"] = [dataclasses.asdict(g) for g in self.scale_groups]
+        return json.loads(json.dumps(out))
+
+    def describe(self) -> str:
+        """A human-readable summary (`qcal quantize --show-arch`)."""
+        lines = [f"model type      {self.model_type}",
+                 f"decoder layers  {self.layers_path}",
+                 f"prelude         {', '.join(self.prelude_modules)}",
+                 f"re-expressed    {', '.join(self.adapted) or '-'}",
+                 f"kept float      {', '.join(self.float_linears) or '-'}",
+                 "steps (true-sequential):"]
+        lines += [f"  {i}. {', '.join(step)}" for i, step in enumerate(self.sequential)]
+        lines.append(f"AWQ scale groups (norms scale as {'1 + w' if self.norm_offset else 'w'}):")
+        lines += [f"  {g.prev_op} -> {', '.join(g.linears)}  [loss on {g.block or 'the linears'}]"
+                  for g in self.scale_groups]
+        lines += [f"  skipped: {why}" for why in self.skipped]
+        lines.append(f"AWQ unclipped   {', '.join(self.awq_clip_skip) or '-'}")
+        attention = " via ".join(self.attention) if self.attention else "not replayed"
+        lines.append(f"attention       {attention}; its norm {self.attention_norm or '-'}")
+        return "\n".join(lines)
+
 
 LLAMA_LIKE = ArchSpec()
-
-ARCHS: Registry[ArchSpec] = Registry("architecture")
-for _cls in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-    ARCHS.register(_cls, LLAMA_LIKE)
-# Gemma3's post_attention_layernorm normalises the attention *output*; the MLP's
-# input comes from pre_feedforward_layernorm, so that is where AWQ's MLP scale folds.
-ARCHS.register("Gemma3ForCausalLM", dataclasses.replace(
-    LLAMA_LIKE, norm_offset=1.0,
-    scale_groups=(
-        LLAMA_LIKE.scale_groups[0], LLAMA_LIKE.scale_groups[1],
-        ScaleGroup("pre_feedforward_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp", True),
-        LLAMA_LIKE.scale_groups[3],
-    ),
-))
-
-
-def arch_for(model: nn.Module) -> ArchSpec:
-    name = type(model).__name__
-    return ARCHS.get(name) if name in ARCHS else LLAMA_LIKE
-
 
 def decoder_layers(model: nn.Module, arch: ArchSpec) -> nn.ModuleList:
     return get_module(model, arch.layers_path)  # type: ignore[return-value]
