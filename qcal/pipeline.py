@@ -28,8 +28,10 @@ from qcal.fsio import (
 )
 from qcal.methods import METHODS, RunOptions, iter_layer_linears
 from qcal.methods.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
-from qcal.model.arch import arch_for, get_module
+from qcal.model.adapters import expert_tokens
+from qcal.model.arch import get_module
 from qcal.model.loading import load_model
+from qcal.model.resolve import arch_for
 from qcal.model.sequential import PROGRESS_FILE, read_progress
 from qcal.packing.card import model_card
 from qcal.packing.checkpoint import (
@@ -138,14 +140,16 @@ def quantize_model_dir(
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
     net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
+    arch = arch_for(net)
     validate_scheme(net, config.scheme)
     if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
         raise ConfigError(
             f"{config.scheme.bits}-bit results cannot be packed into a GPTQ checkpoint; "
             f"use bits in {PACKABLE_BITS} (other widths are available as fake-quant in Python)"
         )
-    if opts.weights_dir is None and not is_quantized_checkpoint(src):
-        # Just loaded and unchanged: methods may re-read layers instead of keeping them resident.
+    if opts.weights_dir is None and not is_quantized_checkpoint(src) and not arch.adapted:
+        # Just loaded and unchanged: methods may re-read layers instead of keeping them resident
+        # (not where layers were re-expressed as linears: their tensors differ from the files).
         opts = dataclasses.replace(opts, weights_dir=Path(src))
     started = time.perf_counter()
     losses = quant_method.run(net, config, calib_ids, opts)
@@ -159,7 +163,13 @@ def quantize_model_dir(
         "format": fmt,
         "command": command,
     }
-    log = {"losses": losses, **meta, **(extra_log or {})}
+    log = {"losses": losses, **meta, **(extra_log or {}), "arch": arch.to_dict()}
+    experts = expert_tokens(net)
+    if experts:
+        # Which experts saw how many routed tokens, and which got no calibration (RTN).
+        log["moe"] = {"all_experts_calibrated": opts.moe_all_experts, "routed_tokens": experts,
+                      "rtn_fallback": sorted(n for n, v in losses.items()
+                                             if v is None and ".experts." in n)}
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),
                                      "README.md": model_card(log, fmt, str(src), command)}
     artifact = Path(opts.work_dir) / AWQ_ARTIFACT if opts.work_dir is not None else None

@@ -27,7 +27,8 @@ import torch  # noqa: E402
 from qcal.calib import resolve_calib  # noqa: E402
 from qcal.config import AWQConfig, QuantScheme  # noqa: E402
 from qcal.methods import awq_runner  # noqa: E402
-from qcal.model.arch import arch_for, decoder_layers  # noqa: E402
+from qcal.model.arch import decoder_layers  # noqa: E402
+from qcal.model.resolve import arch_for  # noqa: E402
 from qcal.model.capture import capture_layer0_inputs, run_layer  # noqa: E402
 from qcal.model.loading import load_model, resolve_model_dir  # noqa: E402
 from qcal.paths import results_dir  # noqa: E402

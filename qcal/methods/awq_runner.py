@@ -47,10 +47,12 @@ from qcal.methods.awq_artifact import (
 )
 from qcal.methods.awq_inputs import InputDigest, InputPlan, search_batches
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result
-from qcal.model.arch import ArchSpec, ScaleGroup, arch_for, decoder_layers, get_module
+from qcal.model.adapters import calibrate_experts, finish_experts
+from qcal.model.arch import ArchSpec, ScaleGroup, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.offload import DiskWeights
+from qcal.model.resolve import arch_for, shared_input_of
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
@@ -149,8 +151,9 @@ def quantize_layer_weights(layer: nn.Module, arch: ArchSpec, scheme: QuantScheme
 
 
 def _shared_inputs(arch: ArchSpec) -> dict[str, str]:
-    """Linear -> the linear whose captured input it shares (each sequential step shares one)."""
-    return {name: step[0] for step in arch.sequential for name in step}
+    """Linear -> the linear whose captured input it shares (a step's linears share one input,
+    one per expert in a step of MoE experts)."""
+    return shared_input_of(arch)
 
 
 def _block_loss(block: nn.Module, linears: dict[str, nn.Linear], xs: list[torch.Tensor],
@@ -189,6 +192,18 @@ def _linear_loss(name: str, linear: nn.Linear, gram: torch.Tensor, count: int,
     return lambda fake: awq.gram_output_loss(fake[name].float() - weight, gram, tokens)
 
 
+def _linears_loss(linears: dict[str, nn.Linear], gram: torch.Tensor | None, count: int,
+                  dist: DistContext) -> awq.BlockLoss:
+    """Output MSE of several linears reading one input, from its Gram matrix (exact)."""
+    assert gram is not None, "a linears-only scale group keeps its input's Gram matrix"
+    gram = gram.clone()
+    dist.all_reduce_sum(gram)
+    tokens = int(dist.sum_numbers(count)[0])
+    weights = {n: m.weight.detach().float() for n, m in linears.items()}
+    return lambda fake: awq.gram_output_loss(
+        torch.cat([fake[n].float() - w for n, w in weights.items()]), gram, tokens)
+
+
 def _input_plans(layer: nn.Module, arch: ArchSpec, groups: list[ScaleGroup],
                  inputs: LayerInputs, cfg: AWQConfig, dist: DistContext) -> dict[str, InputPlan]:
     """For each shared linear input, what the scale groups reading it and the clip search
@@ -202,8 +217,8 @@ def _input_plans(layer: nn.Module, arch: ArchSpec, groups: list[ScaleGroup],
     for group in groups:
         rep = shared[group.linears[0]]
         plan = plans[rep]
-        block = get_module(layer, group.block)
-        if group.linears == (group.block,) and isinstance(block, nn.Linear):
+        block = get_module(layer, group.block) if group.block else None
+        if not group.block or (group.linears == (group.block,) and isinstance(block, nn.Linear)):
             plan = dataclasses.replace(plan, gram=True)
         elif not budget or budget >= total:
             plan = dataclasses.replace(plan, keep=None)
@@ -220,8 +235,10 @@ def _group_loss(layer: nn.Module, group: ScaleGroup, digest: InputDigest,
                 kwargs: list[dict[str, Any]], dist: DistContext) -> awq.BlockLoss:
     """The loss that scores a scale for `group`, on what its input's plan kept: the Gram
     matrix (a lone linear, exact), a token sample (token-wise blocks) or whole batches."""
-    block = get_module(layer, group.block)
     linears = {n: layer_linear(layer, n) for n in group.linears}
+    if not group.block:  # no module takes exactly this input: the linears' own output error
+        return _linears_loss(linears, digest.gram, digest.count, dist)
+    block = get_module(layer, group.block)
     if group.linears == (group.block,) and isinstance(block, nn.Linear) and digest.gram is not None:
         return _linear_loss(group.block, block, digest.gram, digest.count, dist)
     if group.token_wise and digest.search is not None:  # one evenly spread sample, one sequence
@@ -234,7 +251,7 @@ def _group_loss(layer: nn.Module, group: ScaleGroup, digest: InputDigest,
 @torch.no_grad()
 def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQConfig,
                  device: str = "cpu", prefix: str = "", dist: DistContext = SINGLE,
-                 ) -> tuple[dict[str, Any], dict[str, float]]:
+                 ) -> tuple[dict[str, Any], dict[str, float | None]]:
     """Search, fold and quantize one decoder layer in place; returns (artifact entry, losses).
 
     Under torchrun each rank holds its own calibration shard: activation statistics, block
@@ -251,9 +268,11 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
     for group in groups:
         linears = {n: layer_linear(layer, n) for n in group.linears}
         digest = digests[shared[group.linears[0]]]
+        count = int(dist.sum_numbers(digest.count)[0])
+        if count == 0:  # an expert no calibration token was routed to: plain RTN below
+            continue
         abs_sum = digest.abs_sum.clone()
         dist.all_reduce_sum(abs_sum)
-        count = int(dist.sum_numbers(digest.count)[0])
         weights = {n: m.weight.detach().clone() for n, m in linears.items()}
         w_mean = awq.weight_channel_mean(weights.values(), cfg.scheme) if cfg.duo_scaling else None
         found = awq.search_scale(abs_sum / count, weights,
@@ -276,15 +295,20 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
             w = layer_linear(layer, name).weight.detach()
             x = samples[shared[name]]
             tokens = int(dist.sum_numbers(x.shape[0])[0])
+            if tokens == 0:
+                continue
             reduce = dist.all_reduce_sum if dist.active else None
             clip = awq.search_clip(w, x, cfg.scheme, cfg.clip_grid, cfg.max_shrink,
                                    reduce=reduce, total_tokens=tokens)
             clips[name] = dist.broadcast(clip.contiguous(), 0).cpu()
     floats = {n: layer_linear(layer, n).weight.detach().float().clone() for n in arch.linear_names}
     quantize_layer_weights(layer, arch, cfg.scheme, clips, True, prefix)
-    losses: dict[str, float] = {}
+    losses: dict[str, float | None] = {}
     for name, w in floats.items():
         x = samples[shared[name]]
+        if x.shape[0] == 0:
+            losses[prefix + name] = None  # no calibration tokens: RTN, no loss to score
+            continue
         module = get_module(layer, name)
         wq = (module.dequantized_weight(torch.float32) if isinstance(module, QuantLinear)
               else module.weight.detach().float())
@@ -312,7 +336,9 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
 
     def quantize_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
         prefix = f"{arch.layers_path}.{index}."
+        calibrate_experts(layer, opts.moe_all_experts)
         entry, layer_losses = search_layer(layer, arch, inputs, cfg, opts.device, prefix, dist)
+        finish_experts(layer)
         entries[index] = entry
         if opts.work_dir is not None and dist.is_main:
             write_entry(entry, entry_path(Path(opts.work_dir), index))

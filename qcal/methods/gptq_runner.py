@@ -18,16 +18,18 @@ from torch import nn
 from qcal.config import GPTQConfig
 from qcal.errors import ConfigError
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result
-from qcal.model.arch import ArchSpec, arch_for
+from qcal.model.adapters import calibrate_experts, finish_experts
+from qcal.model.arch import ArchSpec
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.loading import DTYPES
 from qcal.model.offload import DiskWeights
 from qcal.model.replay import AttentionReplay
+from qcal.model.resolve import arch_for
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import intgrid as grid
-from qcal.quant.base import QuantResult
+from qcal.quant.base import QuantResult, rtn_quantize
 from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian, hessian_loss
 
@@ -124,6 +126,12 @@ def quantize_layer_gptq(
         # the Python iterations.
         shared: dict[str, list[str]] = {}
         for name in step:
+            if sink.alias.get(name, name) not in sink.hessians:
+                # An expert the router sent no calibration token: round to nearest.
+                apply_result(layer, name, rtn_quantize(layer_linear(layer, name).weight.data,
+                                                       cfg.scheme, name=prefix + name), packed)
+                losses[name] = None
+                continue
             shared.setdefault(sink.alias.get(name, name), []).append(name)
         batches = list(shared.values())
         linears = {n: layer_linear(layer, n) for n in step}
@@ -219,9 +227,11 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
     model_dtype = next(model.parameters()).dtype
 
     def one_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
+        calibrate_experts(layer, opts.moe_all_experts)
         losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{arch.layers_path}.{index}.",
                                      opts.device, opts.packed, dist, arch.attention,
                                      arch.attention_norm)
+        finish_experts(layer)
         if dist.is_main:
             opts.log(f"gptq layer {index}: " + ", ".join(
                 f"{n.rsplit('.', 1)[-1]}={v:.4g}" for n, v in losses.items() if v is not None))

@@ -40,6 +40,9 @@ class RunOptions:
     weights_dir: Path | None = None
     # Data-parallel calibration under torchrun (one process: a no-op context).
     dist: DistContext = SINGLE
+    # MoE: every calibration token also reaches every expert's linears (their outputs are
+    # discarded), so no expert goes without data; off: each expert sees its routed tokens.
+    moe_all_experts: bool = False
 
 
 RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]

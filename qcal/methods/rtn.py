@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 
 from qcal.config import RTNConfig
 from qcal.methods.registry import QuantMethod, RunOptions, apply_result, iter_layer_linears
-from qcal.model.arch import arch_for, get_module
+from qcal.model.arch import get_module
+from qcal.model.resolve import arch_for
 from qcal.quant.base import rtn_quantize
 
 

@@ -146,3 +146,25 @@ def adapt_modules(root: nn.Module, names: list[str] | tuple[str, ...] | None = N
         set_module(root, name, new)
         done.append(name)
     return done
+
+
+def calibrate_experts(layer: nn.Module, route_all: bool) -> None:
+    """Before a layer's calibration passes: route every token to every expert or not."""
+    for module in layer.modules():
+        if isinstance(module, LinearizedExperts):
+            module.route_all = route_all
+
+
+def finish_experts(layer: nn.Module) -> None:
+    """After a layer is quantized: its next pass (the one that makes the next layer's inputs)
+    routes normally and counts the tokens each expert receives."""
+    for module in layer.modules():
+        if isinstance(module, LinearizedExperts):
+            module.route_all = False
+            module.tokens_seen = [0] * len(module)
+
+
+def expert_tokens(model: nn.Module) -> dict[str, list[int]]:
+    """Routed calibration tokens per expert, per experts module (from the last pass)."""
+    return {name: list(m.tokens_seen) for name, m in model.named_modules()
+            if isinstance(m, LinearizedExperts)}

@@ -357,9 +357,14 @@ class _Resolver:
 
 
 @functools.lru_cache(maxsize=16)
-def _resolve_cached(config_json: str, config_cls: type, trust_remote_code: bool) -> ArchSpec:
-    # Keyed by the config's JSON: one resolution per architecture and size, not per call.
-    return _resolve(config_cls.from_dict(json.loads(config_json)), trust_remote_code)
+def _resolve_cached(config_json: str, config_cls: type) -> ArchSpec:
+    # A config class outside transformers comes from the model's own code, which already ran
+    # (with the user's --trust-remote-code) to build the model being resolved.
+    from transformers import CONFIG_MAPPING
+
+    config = config_cls.from_dict(json.loads(config_json))
+    builtin = getattr(config, "model_type", None) in CONFIG_MAPPING
+    return _resolve(config, trust_remote_code=not builtin)
 
 
 def _resolve(config: Any, trust_remote_code: bool) -> ArchSpec:
@@ -418,12 +423,11 @@ def _check_adapters(twin: nn.Module, path: str, adapted: tuple[str, ...], model_
 OVERRIDES: dict[str, dict[str, Any]] = {}
 
 
-def resolve_arch(model: nn.Module, trust_remote_code: bool = False) -> ArchSpec:
-    """The ArchSpec of `model` (resolved once per config; `OVERRIDES` applied), after checking
-    that every decoder layer has layer 0's structure."""
+def resolve_arch(model: nn.Module) -> ArchSpec:
+    """The ArchSpec of `model` (resolved once per config, keyed by its JSON; `OVERRIDES`
+    applied), after checking that every decoder layer has layer 0's structure."""
     config = model.config
-    spec = _resolve_cached(config.to_json_string(use_diff=False), type(config),
-                           trust_remote_code)
+    spec = _resolve_cached(config.to_json_string(use_diff=False), type(config))
     layers = get_module(model, spec.layers_path)
     first = _signature(layers[0])
     for index, layer in enumerate(layers):
@@ -435,11 +439,23 @@ def resolve_arch(model: nn.Module, trust_remote_code: bool = False) -> ArchSpec:
     return dataclasses.replace(spec, **override) if override else spec
 
 
-def arch_for(model: nn.Module, trust_remote_code: bool = False) -> ArchSpec:
+def shared_input_of(spec: ArchSpec) -> dict[str, str]:
+    """Linear -> the first linear of its step that reads the same input: a step's linears
+    share one input, except MoE experts, which each read their own routed tokens."""
+    out: dict[str, str] = {}
+    for step in spec.sequential:
+        first: dict[str | None, str] = {}
+        for name in step:
+            expert = re.search(r"experts\.(\d+)\.", name)
+            out[name] = first.setdefault(expert.group(1) if expert else None, name)
+    return out
+
+
+def arch_for(model: nn.Module) -> ArchSpec:
     """The model's resolved ArchSpec, with the layer modules it names re-expressed as linears
     in place (Conv1D, fused experts: the same function, qcal.model.adapters), so that every
     quantizer and loader sees the linears the spec lists. Idempotent."""
-    spec = resolve_arch(model, trust_remote_code)
+    spec = resolve_arch(model)
     if spec.adapted:
         for layer in get_module(model, spec.layers_path):
             adapt_modules(layer, spec.adapted)

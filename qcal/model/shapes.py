@@ -31,7 +31,8 @@ def skeleton(model_dir: Path | str, trust_remote_code: bool = False) -> nn.Modul
 @functools.lru_cache(maxsize=16)
 def quantized_in_features(model_dir: str, trust_remote_code: bool = False) -> tuple[int, ...]:
     """Distinct in_features of the linears the ArchSpec quantizes, ascending."""
-    from qcal.model.arch import arch_for, decoder_layers, get_module
+    from qcal.model.arch import decoder_layers, get_module
+    from qcal.model.resolve import arch_for
 
     net = skeleton(model_dir, trust_remote_code)
     arch = arch_for(net)

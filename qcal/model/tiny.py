@@ -116,3 +116,67 @@ def build_tiny_gemma3(
                 param.uniform_(-0.5, 0.5)
     model.save_pretrained(str(out))
     return out
+
+
+# Tiny configs of common decoder-only families (2 layers, hidden 64): what the architecture
+# tests and scripts/architectures.py quantize. Keys are transformers config class names.
+_COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", _COMMON),
+    "mistral": ("MistralConfig", _COMMON),
+    "qwen2": ("Qwen2Config", _COMMON),
+    "qwen3": ("Qwen3Config", {**_COMMON, "head_dim": 16}),
+    "gemma2": ("Gemma2Config", {**_COMMON, "head_dim": 16}),
+    "gemma3": ("Gemma3TextConfig", {**_COMMON, "head_dim": 16, "sliding_window": 8}),
+    "phi3": ("Phi3Config", _COMMON),
+    "phi": ("PhiConfig", _COMMON),
+    "opt": ("OPTConfig", {"hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,
+                          "num_attention_heads": 4, "word_embed_proj_dim": 64,
+                          "max_position_embeddings": 256}),
+    "gpt_neox": ("GPTNeoXConfig", {"hidden_size": 64, "intermediate_size": 128,
+                                   "num_hidden_layers": 2, "num_attention_heads": 4,
+                                   "max_position_embeddings": 256}),
+    "falcon": ("FalconConfig", {"hidden_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "new_decoder_architecture": False,
+                                "multi_query": True}),
+    "gpt2": ("GPT2Config", {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}),
+    "olmo2": ("Olmo2Config", _COMMON),
+    "stablelm": ("StableLmConfig", _COMMON),
+    "granite": ("GraniteConfig", _COMMON),
+    "mixtral": ("MixtralConfig", {**_COMMON, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3_moe": ("Qwen3MoeConfig", {**_COMMON, "head_dim": 16, "num_experts": 4,
+                                     "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                     "decoder_sparse_step": 1}),
+}
+
+
+def build_tiny_family(family: str, out_dir: Path | str, outliers: bool = True,
+                      seed: int = 0) -> Path:
+    """Write a random 2-layer model of `family` (a TINY_FAMILIES key) + BPE tokenizer.
+
+    Like trained models in what breaks a wrong AWQ fold or a missed linear: norm weights far
+    from their init (scale factors in [0.5, 1.5], as w or 1 + w) and, with `outliers`, four
+    embedding channels 8x larger than the rest (the high-magnitude input channels AWQ exists
+    for)."""
+    import transformers
+
+    cls_name, kwargs = TINY_FAMILIES[family]
+    out = Path(out_dir)
+    tok, vocab = _train_tokenizer(out, 512)
+    config = getattr(transformers, cls_name)(
+        vocab_size=vocab, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1 and "norm" in name.lower() or name.endswith(("ln_1.weight",
+                                                                               "ln_2.weight")):
+                zero_centred = float(param.detach().abs().mean()) < 1e-6  # a (1 + w) norm
+                param.uniform_(-0.5, 0.5) if zero_centred else param.uniform_(0.5, 1.5)
+        if outliers:
+            emb = model.get_input_embeddings().weight
+            emb[:, :4] *= 8.0
+    model.save_pretrained(str(out))
+    return out

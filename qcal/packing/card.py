@@ -40,6 +40,19 @@ def _calibration_lines(manifest: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _arch_lines(arch: dict[str, Any] | None) -> list[str]:
+    """What qcal resolved of the architecture (the full spec is in quant_log.json)."""
+    if not arch:
+        return []
+    linears = sum(len(step) for step in arch.get("sequential") or ())
+    groups = ", ".join(f"{g['prev_op']} -> {len(g['linears'])}" for g in arch.get("scale_groups") or ())
+    return [f"- Architecture (resolved by qcal): model type `{arch.get('model_type')}`, "
+            f"{linears} linears per decoder layer in {len(arch.get('sequential') or ())} "
+            f"true-sequential steps; re-expressed as linears: {', '.join(arch.get('adapted') or ()) or '-'}; "
+            f"kept float: {', '.join(arch.get('float_linears') or ()) or '-'}; AWQ scale groups: "
+            f"{groups or '-'}"]
+
+
 def model_card(meta: dict[str, Any], fmt: str, base_model: str, command: str | None = None,
                evaluation: dict[str, Any] | None = None) -> str:
     """README.md text for a checkpoint described by its quant_log `meta`."""
@@ -60,6 +73,7 @@ def model_card(meta: dict[str, Any], fmt: str, base_model: str, command: str | N
         f"- Method settings: `{json.dumps(extras, sort_keys=True)}`",
         *_calibration_lines(meta.get("calibration")),
         f"- Format: {LOADING.get(fmt, fmt)}",
+        *_arch_lines(meta.get("arch")),
         f"- Quantization time: {meta.get('quantize_seconds')} s",
         *[f"- Note: {note}" for note in meta.get("notes") or ()],
     ]

@@ -229,6 +229,10 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         torch_dtype = getattr(torch, torch_dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
                                              trust_remote_code=trust_remote_code)
+    # Conv1D and fused MoE experts become the linears the checkpoint stores per name.
+    from qcal.model.resolve import arch_for
+
+    arch_for(model)
 
     quant_names = sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".qweight")})
     for name in quant_names:

@@ -21,7 +21,8 @@ from qcal.methods.awq_runner import (
     group_applies,
     load_artifact,
 )
-from qcal.model.arch import arch_for, decoder_layers
+from qcal.model.arch import decoder_layers
+from qcal.model.resolve import arch_for
 from qcal.model.capture import capture_layer0_inputs, run_layer
 from qcal.model.loading import load_model
 from qcal.packing.qlinear import QuantLinear

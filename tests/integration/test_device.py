@@ -20,7 +20,8 @@ from qcal.config import GPTQConfig, QuantScheme
 from qcal.devices import resolve_device
 from qcal.errors import ConfigError
 from qcal.methods import RunOptions, gptq_runner
-from qcal.model.arch import arch_for, decoder_layers, get_module
+from qcal.model.arch import decoder_layers, get_module
+from qcal.model.resolve import arch_for
 from qcal.model.loading import load_model
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,8 @@ import torch
 
 from qcal.config import GPTQConfig, QuantScheme
 from qcal.methods.gptq_runner import quantize_layer_gptq
-from qcal.model.arch import arch_for, decoder_layers
+from qcal.model.arch import decoder_layers
+from qcal.model.resolve import arch_for
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
 from qcal.model.loading import load_model
 from qcal.model.replay import AttentionReplay, release_replay
