@@ -168,7 +168,10 @@ def load_model(
     if check:
         check_weight_files(path)
     if is_quantized_checkpoint(path):
-        net = load_checkpoint(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        from qcal.model.resolve import arch_for
+
+        net = load_checkpoint(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                              prepare=arch_for)
     else:
         try:
             net = AutoModelForCausalLM.from_pretrained(

@@ -13,6 +13,7 @@ asymmetric grid produces one we write `"gptq_v2"` (true zero points) instead.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,8 +187,11 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
-                    trust_remote_code: bool = False) -> nn.Module:
-    """Build the model from config.json, swap in `QuantLinear`s, and load the tensors.
+                    trust_remote_code: bool = False,
+                    prepare: Callable[[nn.Module], object] | None = None) -> nn.Module:
+    """Build the model from config.json, `prepare` it (qcal.model.loading passes the
+    architecture resolver, which re-expresses Conv1D and fused experts as the linears the
+    checkpoint names), swap in `QuantLinear`s, and load the tensors.
 
     Missing, unexpected or mis-shaped tensors raise `CheckpointError` naming them.
     """
@@ -229,10 +233,8 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         torch_dtype = getattr(torch, torch_dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
                                              trust_remote_code=trust_remote_code)
-    # Conv1D and fused MoE experts become the linears the checkpoint stores per name.
-    from qcal.model.resolve import arch_for
-
-    arch_for(model)
+    if prepare is not None:
+        prepare(model)  # e.g. Conv1D and fused MoE experts as the linears the files name
 
     quant_names = sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".qweight")})
     for name in quant_names:
