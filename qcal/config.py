@@ -158,6 +158,39 @@ class AWQConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModuleSelection:
+    """Which linears of the decoder layers are quantized, matched by `re.search` on their full
+    names (model.layers.0.mlp.down_proj): all by default; `targets` keeps only matches,
+    `ignore` then drops matches (kept float). `moe_all_experts` sends every calibration token
+    through every MoE expert (outputs discarded) so no expert lacks calibration data."""
+
+    targets: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    moe_all_experts: bool = False
+
+    def __post_init__(self) -> None:
+        import re
+
+        for flag, patterns in (("--targets", self.targets), ("--ignore", self.ignore)):
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise ConfigError(f"{flag} {pattern!r} is not a regular expression ({err}); "
+                                      "fix the pattern, e.g. 'mlp\\.gate$'") from None
+
+    def selects(self, name: str) -> bool:
+        import re
+
+        if self.targets and not any(re.search(p, name) for p in self.targets):
+            return False
+        return not any(re.search(p, name) for p in self.ignore)
+
+    def is_default(self) -> bool:
+        return self == ModuleSelection()
+
+
+@dataclasses.dataclass(frozen=True)
 class CalibConfig:
     """Which calibration data: a selector over a source (packaged corpus, text/JSONL file,
     hf:<dataset>, or a saved set's directory or name), how many windows of how many tokens,

@@ -15,7 +15,7 @@ import torch
 from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
-from qcal.config import QuantScheme, to_dict
+from qcal.config import ModuleSelection, QuantScheme, to_dict
 from qcal.errors import ConfigError
 from qcal.fsio import (
     MARKER,
@@ -44,9 +44,21 @@ from qcal.packing.checkpoint import (
 WORK_KIND = "quantization work state"
 
 
-def validate_scheme(model: nn.Module, scheme: QuantScheme) -> None:
+def validate_scheme(model: nn.Module, scheme: QuantScheme,
+                    selection: ModuleSelection | None = None) -> None:
     """Fail before any work if the scheme cannot serve every quantized linear."""
-    for _, name in iter_layer_linears(model, arch_for(model)):
+    arch = arch_for(model)
+    names = iter_layer_linears(model, arch, selection)
+    if selection is not None and not names:
+        raise ConfigError("--targets/--ignore leave no linear to quantize; loosen the patterns")
+    conv1d = [n for n in arch.adapted if n in arch.linear_names]
+    kept = [n for i, n in iter_layer_linears(model, arch) if n not in {m for _, m in names}
+            and n.rsplit(f"{i}.", 1)[-1] in conv1d]
+    if kept:
+        # A Conv1D kept float would be saved transposed under its Conv1D name.
+        raise ConfigError(f"{kept[0]} is a Conv1D, which qcal can only store quantized; "
+                          "drop the --targets/--ignore pattern that keeps it float")
+    for _, name in names:
         linear = get_module(model, name)
         scheme.groups_for(linear.in_features, name)
         per = 32 // scheme.bits if scheme.bits in PACKABLE_BITS else 1
@@ -141,7 +153,7 @@ def quantize_model_dir(
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
     net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
     arch = arch_for(net)
-    validate_scheme(net, config.scheme)
+    validate_scheme(net, config.scheme, opts.selection)
     if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
         raise ConfigError(
             f"{config.scheme.bits}-bit results cannot be packed into a GPTQ checkpoint; "
@@ -167,7 +179,8 @@ def quantize_model_dir(
     experts = expert_tokens(net)
     if experts:
         # Which experts saw how many routed tokens, and which got no calibration (RTN).
-        log["moe"] = {"all_experts_calibrated": opts.moe_all_experts, "routed_tokens": experts,
+        log["moe"] = {"all_experts_calibrated": opts.selection.moe_all_experts,
+                      "routed_tokens": experts,
                       "rtn_fallback": sorted(n for n, v in losses.items()
                                              if v is None and ".experts." in n)}
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from qcal.cache import StepCache, fingerprint
-from qcal.config import AWQConfig, CalibConfig, EvalConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.config import (
+    AWQConfig,
+    CalibConfig,
+    EvalConfig,
+    GPTQConfig,
+    ModuleSelection,
+    QuantScheme,
+    RTNConfig,
+)
 from qcal.config import from_dict as config_from_dict
 from qcal.config import to_dict as config_to_dict
 from qcal.errors import ConfigError
@@ -51,6 +59,7 @@ class QuantRecipe:
     format: str = "gptq"  # checkpoint format: gptq, compressed-tensors or awq
     command: str | None = None  # the command line that made the recipe, for the model card
     notes: tuple[str, ...] = ()  # choices made for the user (e.g. the automatic group size)
+    modules: ModuleSelection = ModuleSelection()  # --targets/--ignore, --moe-all-experts
 
     def __post_init__(self) -> None:
         from qcal.packing.checkpoint import FORMATS
@@ -86,8 +95,10 @@ class QuantRecipe:
     def checkpoint_key(self, model_dir: Path | str) -> str:
         """Fingerprint of what the checkpoint depends on (not output, device or eval)."""
         calib = self.calib if self.uses_calibration() else None
+        # The default selection adds nothing, so keys of existing checkpoints stay valid.
+        extra = () if self.modules.is_default() else (self.modules,)
         return fingerprint("checkpoint", str(Path(model_dir).resolve()), self.method, calib,
-                           self.format)
+                           self.format, *extra)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": {"type": type(self.method).__name__, **config_to_dict(self.method)},
@@ -95,7 +106,8 @@ class QuantRecipe:
                 "model": self.model, "output": self.output, "device": self.device,
                 "trust_remote_code": self.trust_remote_code,
                 "eval": config_to_dict(self.eval) if self.eval is not None else None,
-                "format": self.format, "command": self.command, "notes": list(self.notes)}
+                "format": self.format, "command": self.command, "notes": list(self.notes),
+                **({} if self.modules.is_default() else {"modules": config_to_dict(self.modules)})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantRecipe:
@@ -111,7 +123,9 @@ class QuantRecipe:
                    trust_remote_code=bool(data.get("trust_remote_code", False)),
                    eval=config_from_dict(EvalConfig, data["eval"]) if data.get("eval") else None,
                    format=data.get("format", "gptq"), command=data.get("command"),
-                   notes=tuple(data.get("notes") or ()))
+                   notes=tuple(data.get("notes") or ()),
+                   modules=config_from_dict(ModuleSelection, data["modules"]) if data.get("modules")
+                   else ModuleSelection())
 
 
 @dataclasses.dataclass
@@ -190,7 +204,7 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
                 calib = calibration_step(recipe, tokenizer, model_dir, cache, device)
                 calib_ids, manifest = calib.input_ids, calib.manifest
             opts = RunOptions(device=device, work_dir=work, resume=policy.resume,
-                              progress=progress, dist=dist)
+                              progress=progress, dist=dist, selection=recipe.modules)
             log = quantize_model_dir(model_dir, recipe.method_name, recipe.method, out, calib_ids,
                                      manifest, opts, trust_remote_code=recipe.trust_remote_code,
                                      extra_log={"recipe": recipe.to_dict(), "recipe_key": key,

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from qcal.config import AWQConfig, QuantScheme
+from qcal.config import AWQConfig, ModuleSelection, QuantScheme
 
 
 def add_parser(sub: Any) -> None:
@@ -65,6 +65,17 @@ def add_parser(sub: Any) -> None:
                    help="checkpoint format: gptq (default), gptq_v2 (true zero points: what "
                         "GPTQModel needs for asymmetric schemes), compressed-tensors (pack-quantized, "
                         "vLLM native) or awq (AutoAWQ GEMM layout, 4-bit, no act-order)")
+    p.add_argument("--targets", action="append", default=[], metavar="REGEX",
+                   help="quantize only the decoder-layer linears whose full name matches "
+                        "(re.search; repeatable; default: all)")
+    p.add_argument("--ignore", action="append", default=[], metavar="REGEX",
+                   help="keep the matching linears float, e.g. 'layers\\.0\\.' (repeatable)")
+    p.add_argument("--moe-all-experts", action="store_true",
+                   help="MoE: every calibration token also reaches every expert (outputs "
+                        "discarded), so no expert goes without calibration data")
+    p.add_argument("--show-arch", action="store_true",
+                   help="print the architecture qcal resolves for the model (layers, linears, "
+                        "steps, AWQ scale groups) and exit without quantizing")
     p.add_argument("--eval", action="store_true",
                    help="afterwards, print float vs quantized perplexity on held-out text")
     p.add_argument("--eval-langs", default="en", help="with --eval: languages (e.g. en,de)")
@@ -144,7 +155,8 @@ def make_recipe(args: argparse.Namespace) -> Any:
     if args.eval:
         langs = tuple(x.strip() for x in args.eval_langs.split(",") if x.strip())
         evaluation = EvalConfig(langs=langs, max_windows=args.eval_windows, seqlen=args.seqlen)
-    return QuantRecipe(method=make_config(args), calib=calib, model=args.model,
+    modules = ModuleSelection(tuple(args.targets), tuple(args.ignore), args.moe_all_experts)
+    return QuantRecipe(method=make_config(args), calib=calib, model=args.model, modules=modules,
                        output=str(args.output) if args.output else None, device=args.device,
                        trust_remote_code=args.trust_remote_code, eval=evaluation,
                        format=args.format, command=getattr(args, "command_line", None),
@@ -156,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     from qcal.pipeline import OutputPolicy
     from qcal.recipe import run_recipe
 
+    if args.show_arch:
+        return _show_arch(args)
     if args.awq_artifact is not None:
         return _replay_awq(args)
     if args.nproc > 1:
@@ -178,6 +192,18 @@ def run(args: argparse.Namespace) -> int:
         summary["perplexity"] = _float_vs_quantized(outcome, recipe)
         _card_with_evaluation(outcome, recipe, summary)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _show_arch(args: argparse.Namespace) -> int:
+    """The resolved ArchSpec of the model, from its config alone (no weights are read)."""
+    from qcal.model.loading import resolve_model_dir
+    from qcal.model.resolve import resolve_arch
+    from qcal.model.shapes import skeleton
+
+    spec = resolve_arch(skeleton(resolve_model_dir(args.model, args.trust_remote_code),
+                                 args.trust_remote_code))
+    print(spec.describe())
     return 0
 
 

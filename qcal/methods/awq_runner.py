@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qcal.config import AWQConfig, QuantScheme, from_dict, to_dict
+from qcal.config import AWQConfig, ModuleSelection, QuantScheme, from_dict, to_dict
 from qcal.errors import CheckpointError, ConfigError
 from qcal.methods.awq_artifact import (
     ARTIFACT_FORMAT,
@@ -46,7 +46,7 @@ from qcal.methods.awq_artifact import (
     write_entry,
 )
 from qcal.methods.awq_inputs import InputDigest, InputPlan, search_batches
-from qcal.methods.registry import QuantMethod, RunOptions, apply_result
+from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec
 from qcal.model.adapters import calibrate_experts, finish_experts
 from qcal.model.arch import ArchSpec, ScaleGroup, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
@@ -336,8 +336,9 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
 
     def quantize_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
         prefix = f"{arch.layers_path}.{index}."
-        calibrate_experts(layer, opts.moe_all_experts)
-        entry, layer_losses = search_layer(layer, arch, inputs, cfg, opts.device, prefix, dist)
+        calibrate_experts(layer, opts.selection.moe_all_experts)
+        entry, layer_losses = search_layer(layer, layer_spec(arch, index, opts.selection), inputs,
+                                           cfg, opts.device, prefix, dist)
         finish_experts(layer)
         entries[index] = entry
         if opts.work_dir is not None and dist.is_main:
@@ -361,6 +362,7 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
             entries[index] = read_entry(entry_path(Path(opts.work_dir), index))
             losses.update(logs.get(str(index), {}).get("losses", {}))
     artifact = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, "config": to_dict(cfg),
+                **({} if opts.selection.is_default() else {"selection": to_dict(opts.selection)}),
                 "layers_path": arch.layers_path, "norm_offset": arch.norm_offset,
                 "layers": [entries[i] for i in range(n_layers)]}
     if opts.work_dir is not None and dist.is_main:
@@ -385,12 +387,15 @@ def apply_awq_artifact(model: nn.Module, artifact: Mapping[str, Any] | str | Pat
             f"the AWQ artifact covers {len(art['layers'])} layers at {art['layers_path']!r}, the model "
             f"has {len(layers)} at {arch.layers_path!r}; use the artifact made for this model"
         )
+    selection = from_dict(ModuleSelection, art["selection"]) if "selection" in art \
+        else ModuleSelection()
     for index, (layer, entry) in enumerate(zip(layers, art["layers"], strict=True)):
+        spec = layer_spec(arch, index, selection)
         for g in entry["scales"]:
             group = ScaleGroup(g["prev_op"], tuple(g["linears"]), "")
             fold_scale(layer, group, g["scale"].to(next(layer.parameters()).device),
                        float(art["norm_offset"]))
-        quantize_layer_weights(layer, arch, cfg.scheme, entry["clips"], packed,
+        quantize_layer_weights(layer, spec, cfg.scheme, entry["clips"], packed,
                                f"{arch.layers_path}.{index}.")
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from qcal.config import GPTQConfig
 from qcal.errors import ConfigError
-from qcal.methods.registry import QuantMethod, RunOptions, apply_result
+from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec
 from qcal.model.adapters import calibrate_experts, finish_experts
 from qcal.model.arch import ArchSpec
 from qcal.model.capture import LayerInputs, feed_linear_inputs
@@ -222,15 +222,16 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
         raise ConfigError(f"{calib.shape[0]} calibration windows cannot be shared by "
                           f"{dist.world} processes; use --nsamples >= {dist.world}")
     arch: ArchSpec = arch_for(model)
-    steps = arch.sequential if cfg.true_sequential else (arch.linear_names,)
     store = DTYPES[cfg.act_dtype]
     model_dtype = next(model.parameters()).dtype
 
     def one_layer(index: int, layer: nn.Module, inputs: LayerInputs) -> dict[str, Any]:
-        calibrate_experts(layer, opts.moe_all_experts)
+        spec = layer_spec(arch, index, opts.selection)
+        steps = spec.sequential if cfg.true_sequential else (spec.linear_names,)
+        calibrate_experts(layer, opts.selection.moe_all_experts)
         losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{arch.layers_path}.{index}.",
-                                     opts.device, opts.packed, dist, arch.attention,
-                                     arch.attention_norm)
+                                     opts.device, opts.packed, dist, spec.attention,
+                                     spec.attention_norm)
         finish_experts(layer)
         if dist.is_main:
             opts.log(f"gptq layer {index}: " + ", ".join(

@@ -18,6 +18,7 @@ import torch
 from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
+from qcal.config import ModuleSelection
 from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.packing.qlinear import QuantLinear
@@ -40,9 +41,9 @@ class RunOptions:
     weights_dir: Path | None = None
     # Data-parallel calibration under torchrun (one process: a no-op context).
     dist: DistContext = SINGLE
-    # MoE: every calibration token also reaches every expert's linears (their outputs are
-    # discarded), so no expert goes without data; off: each expert sees its routed tokens.
-    moe_all_experts: bool = False
+    # Which linears are quantized, and whether every MoE expert sees every calibration token
+    # (the recipe's `modules`; part of the checkpoint key when not the default).
+    selection: ModuleSelection = ModuleSelection()
 
 
 RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]
@@ -84,7 +85,18 @@ def apply_result(model: nn.Module, name: str, result: QuantResult, packed: bool 
     return new
 
 
-def iter_layer_linears(model: nn.Module, arch: ArchSpec) -> list[tuple[int, str]]:
+def iter_layer_linears(model: nn.Module, arch: ArchSpec,
+                       selection: ModuleSelection | None = None) -> list[tuple[int, str]]:
+    """(layer index, full name) of every linear to quantize."""
     layers = decoder_layers(model, arch)
-    return [(i, f"{arch.layers_path}.{i}.{lin}") for i in range(len(layers))
-            for lin in arch.linear_names]
+    names = [(i, f"{arch.layers_path}.{i}.{lin}") for i in range(len(layers))
+             for lin in arch.linear_names]
+    return [(i, n) for i, n in names if selection is None or selection.selects(n)]
+
+
+def layer_spec(arch: ArchSpec, index: int, selection: ModuleSelection) -> ArchSpec:
+    """The spec of decoder layer `index` restricted to the selected linears."""
+    if selection.is_default():
+        return arch
+    prefix = f"{arch.layers_path}.{index}."
+    return arch.restricted({n for n in arch.linear_names if selection.selects(prefix + n)})

@@ -17,7 +17,8 @@ def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,
             opts: RunOptions) -> dict[str, float | None]:
     arch = arch_for(model)
     losses: dict[str, float | None] = {}
-    for _, name in tqdm(iter_layer_linears(model, arch), desc="rtn", disable=not opts.progress):
+    names = iter_layer_linears(model, arch, opts.selection)
+    for _, name in tqdm(names, desc="rtn", disable=not opts.progress):
         weight = get_module(model, name).weight.detach()
         result = rtn_quantize(weight, cfg.scheme, name=name)
         losses[name] = float((result.dequantize() - weight.float()).pow(2).sum())

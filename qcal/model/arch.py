@@ -86,6 +86,18 @@ class ArchSpec:
     def linear_names(self) -> tuple[str, ...]:
         return tuple(name for step in self.sequential for name in step)
 
+    def restricted(self, keep: set[str] | frozenset[str]) -> ArchSpec:
+        """This spec for one layer where only the linears in `keep` are quantized: steps lose
+        the others, and AWQ groups that would scale an unquantized linear are dropped (its
+        columns would have to absorb the scale while it stays float: exact, but then the
+        search would score it as if quantized)."""
+        if keep >= set(self.linear_names):
+            return self
+        steps = tuple(s for s in (tuple(n for n in step if n in keep) for step in self.sequential)
+                      if s)
+        groups = tuple(g for g in self.scale_groups if set(g.linears) <= keep)
+        return dataclasses.replace(self, sequential=steps, scale_groups=groups)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: what quant_log.json, the model card and `--show-arch` record."""
         out = dataclasses.asdict(self)

@@ -144,7 +144,7 @@ def _layer_inputs(twin: nn.Module, layers: nn.ModuleList
     vocab = int(twin.get_input_embeddings().weight.shape[0])
     ids = torch.arange(PROBE_TOKENS).remainder(vocab)[None]
     try:
-        twin(input_ids=ids, use_cache=False)
+        twin(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     except _Stop:
         pass
     finally:
