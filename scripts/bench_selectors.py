@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from qcal.calib.base import token_statistics  # noqa: E402
+from qcal.calib.manifest import token_statistics  # noqa: E402
 from qcal.calib.perplexity import PerplexitySelector  # noqa: E402
 from qcal.calib.random_sel import RandomSelector  # noqa: E402
 from qcal.calib.windows import WindowPool, build_windows  # noqa: E402
