@@ -10,7 +10,7 @@ do not run, one calibration draw) and writes two reports:
   grid alone; a second benchmark grid of a model, such as configs/study_lambada_seeds.yaml,
   supplies the tasks it re-ran with more calibration draws):
   lm-eval's own acc, acc_norm and perplexity with stderr and item counts, float and every
-  method, groups with their direct subtasks (qcal.grid.benchmarks), and the grid each
+  method, groups with their direct subtasks (qcal.studies.benchmarks), and the grid each
   row comes from; each method's paired accuracy change from float, and the methods against
   each other (AWQ and GPTQ vs RTN, AWQ vs GPTQ) paired over the same items;
 - confidence: accuracy, ECE, Brier, NLL and gold-answer confidence of the raw choice
@@ -18,7 +18,7 @@ do not run, one calibration draw) and writes two reports:
   on the same items, the per-quartile table, and the test of the published claim that 4-bit
   GPTQ lowers confidence on the gold answer mostly where the float model was unsure (least
   confident quartile vs the rest, on probabilities and on log-odds;
-  qcal.grid.confidence_study).
+  qcal.studies.confidence).
 Each report has a chart per grid (<out>_<grid>.png: accuracy with its stderr interval;
 drift from the float model with its paired-bootstrap interval). A grid that is not
 finished is rendered from the cells it has and says which are missing.
@@ -38,7 +38,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qcal.grid.benchmarks import (  # noqa: E402
+from qcal.grid.runner import grid_progress, saved_spec  # noqa: E402
+from qcal.results import markdown_table, provenance, provenance_markdown  # noqa: E402
+from qcal.studies.benchmarks import (  # noqa: E402
     SCORES,
     cell_text,
     combined_table,
@@ -48,8 +50,8 @@ from qcal.grid.benchmarks import (  # noqa: E402
     share_text,
     test_text,
 )
-from qcal.grid.benchmarks import findings as benchmark_findings  # noqa: E402
-from qcal.grid.confidence_study import (  # noqa: E402
+from qcal.studies.benchmarks import findings as benchmark_findings  # noqa: E402
+from qcal.studies.confidence import (  # noqa: E402
     CLAIM_KEYS,
     CONTRASTS,
     METRICS,
@@ -58,9 +60,8 @@ from qcal.grid.confidence_study import (  # noqa: E402
     findings,
     study,
 )
-from qcal.grid.runner import grid_progress, saved_spec  # noqa: E402
-from qcal.grid.study_plots import Point, from_test, interval_chart  # noqa: E402
-from qcal.grid.study_tables import (  # noqa: E402
+from qcal.studies.plots import Point, from_test, interval_chart  # noqa: E402
+from qcal.studies.tables import (  # noqa: E402
     chart_link,
     chart_path,
     grid_heading,
@@ -69,7 +70,6 @@ from qcal.grid.study_tables import (  # noqa: E402
     shown,
     write_report,
 )
-from qcal.results import markdown_table, provenance, provenance_markdown  # noqa: E402
 
 
 def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[object]]:

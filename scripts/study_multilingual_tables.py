@@ -28,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 from qcal.eval.stats import mean_ci, mean_ci_text, verdict  # noqa: E402
 from qcal.grid import FLOAT_CELL  # noqa: E402
 from qcal.grid.evidence import model_ppl  # noqa: E402
-from qcal.grid.multilingual import (  # noqa: E402
+from qcal.grid.runner import grid_progress  # noqa: E402
+from qcal.results import markdown_table  # noqa: E402
+from qcal.studies.multilingual import (  # noqa: E402
     METHODS,
     MIXES,
     SINGLE,
@@ -39,16 +41,14 @@ from qcal.grid.multilingual import (  # noqa: E402
     matched_language,
     versus_baseline,
 )
-from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
-from qcal.grid.study_tables import (  # noqa: E402
+from qcal.studies.plots import from_mean_ci, interval_chart  # noqa: E402
+from qcal.studies.tables import (  # noqa: E402
     chart_link,
     grid_heading,
     model_label,
     render_study,
     run_script,
 )
-from qcal.results import markdown_table  # noqa: E402
 
 
 def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]

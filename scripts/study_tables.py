@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from qcal.grid import FLOAT_CELL, load_cells  # noqa: E402
 from qcal.grid.report import confidence_rows, ppl_table  # noqa: E402
-from qcal.grid.study import cell_key, selector_means, zipf_vs_perplexity  # noqa: E402
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.studies.selector_study import cell_key, selector_means, zipf_vs_perplexity  # noqa: E402
 
 SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
 MIXES = ["mix:study10", "mix:en-heavy", "mix:study5"]

@@ -29,15 +29,16 @@ from qcal.eval.stats import mean_ci, mean_ci_text, verdict  # noqa: E402
 from qcal.grid.evidence import model_ppl  # noqa: E402
 from qcal.grid.runner import grid_progress  # noqa: E402
 from qcal.grid.spec import FLOAT_CELL  # noqa: E402
-from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
-from qcal.grid.study_tables import (  # noqa: E402
+from qcal.results import markdown_table  # noqa: E402
+from qcal.studies.plots import from_mean_ci, interval_chart  # noqa: E402
+from qcal.studies.tables import (  # noqa: E402
     chart_link,
     grid_heading,
     model_label,
     render_study,
     run_script,
 )
-from qcal.grid.zipcal import (  # noqa: E402
+from qcal.studies.zipcal import (  # noqa: E402
     EQUIVALENCE_MARGIN,
     SELECTORS,
     by_budget,
@@ -47,7 +48,6 @@ from qcal.grid.zipcal import (  # noqa: E402
     pair_tests,
     selection_cost,
 )
-from qcal.results import markdown_table  # noqa: E402
 
 
 def ppl_chart(chart: Path, cells: dict[str, dict[str, Any]], groups: dict, langs: list[str],

@@ -120,6 +120,33 @@ def test_module_graph_sees_function_level_and_relative_imports(tmp_path: Path) -
     assert "qcal.calib.io" in graph["qcal.calib.base"]  # a real edge is found
 
 
+OUTSIDE_CORE = ("qcal.studies", "qcal.provision")
+
+
+def _outside_core(module: str) -> bool:
+    return any(module == top or module.startswith(top + ".") for top in OUTSIDE_CORE)
+
+
+def test_core_imports_no_study_and_no_provisioning() -> None:
+    """The library knows no paper and no particular data source: only `qcal provision`
+    reaches the provisioning code, and only inside its function (lazily)."""
+    offenders = {}
+    for module, targets in module_graph().items():
+        if _outside_core(module):
+            continue
+        bad = {t for t in targets if _outside_core(t)}
+        if module == "qcal.commands.provision":
+            bad = {t for t in bad if not t.startswith("qcal.provision")}
+        if bad:
+            offenders[module] = sorted(bad)
+    assert offenders == {}, f"core modules import studies or provisioning: {offenders}"
+    command = ROOT / "qcal/commands/provision.py"
+    top_level = ast.Module(body=[n for n in ast.parse(command.read_text()).body
+                                 if isinstance(n, (ast.Import, ast.ImportFrom))], type_ignores=[])
+    eager = [n for n in _imported_names(top_level, "qcal.commands") if _outside_core(n)]
+    assert eager == [], f"qcal.commands.provision imports {eager} at module level; import lazily"
+
+
 def test_no_import_cycle_between_folders() -> None:
     assert find_cycle(import_graph()) is None, find_cycle(import_graph())
 
