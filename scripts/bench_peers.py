@@ -24,18 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from safetensors.torch import save_file
 
-from safetensors.torch import save_file  # noqa: E402
-
-from qcal.calib import resolve_calib  # noqa: E402
-from qcal.cli import command_prefix  # noqa: E402
-from qcal.data import eval_text  # noqa: E402
-from qcal.eval.perplexity import perplexity_of_ids, tokenize_text  # noqa: E402
-from qcal.model.loading import load_model, resolve_model_dir  # noqa: E402
-from qcal.paths import results_dir, runs_dir  # noqa: E402
-from qcal.results import (  # noqa: E402
+from qcal.calib import resolve_calib
+from qcal.cli import command_prefix
+from qcal.data import eval_text
+from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
+from qcal.model.loading import load_model, resolve_model_dir
+from qcal.paths import results_dir, runs_dir
+from qcal.results import (
     atomic_write_text,
     markdown_table,
     provenance,
@@ -43,6 +40,8 @@ from qcal.results import (  # noqa: E402
     timed_command,
     write_results,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # The last commit before the AWQ speed work (Gram loss for lone linears, token budget).
 BASELINE_REV = "4112516"

@@ -31,16 +31,12 @@ finished is rendered from the cells it has and says which are missing.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.grid.runner import grid_progress, saved_spec  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown  # noqa: E402
-from qcal.studies.benchmarks import (  # noqa: E402
+from qcal.grid.runner import grid_progress, saved_spec
+from qcal.results import markdown_table, provenance, provenance_markdown
+from qcal.studies.benchmarks import (
     SCORES,
     cell_text,
     combined_table,
@@ -50,8 +46,8 @@ from qcal.studies.benchmarks import (  # noqa: E402
     share_text,
     test_text,
 )
-from qcal.studies.benchmarks import findings as benchmark_findings  # noqa: E402
-from qcal.studies.confidence import (  # noqa: E402
+from qcal.studies.benchmarks import findings as benchmark_findings
+from qcal.studies.confidence import (
     CLAIM_KEYS,
     CONTRASTS,
     METRICS,
@@ -60,8 +56,8 @@ from qcal.studies.confidence import (  # noqa: E402
     findings,
     study,
 )
-from qcal.studies.plots import Point, from_test, interval_chart  # noqa: E402
-from qcal.studies.tables import (  # noqa: E402
+from qcal.studies.plots import Point, from_test, interval_chart
+from qcal.studies.tables import (
     chart_link,
     chart_path,
     grid_heading,
@@ -70,6 +66,8 @@ from qcal.studies.tables import (  # noqa: E402
     shown,
     write_report,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[object]]:

@@ -13,17 +13,15 @@ Run: python scripts/study_tables.py
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from statistics import mean
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from qcal.grid import FLOAT_CELL, load_cells
+from qcal.grid.report import confidence_rows, ppl_table
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.selector_study import cell_key, selector_means, zipf_vs_perplexity
 
-from qcal.grid import FLOAT_CELL, load_cells  # noqa: E402
-from qcal.grid.report import confidence_rows, ppl_table  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
-from qcal.studies.selector_study import cell_key, selector_means, zipf_vs_perplexity  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
 MIXES = ["mix:study10", "mix:en-heavy", "mix:study5"]

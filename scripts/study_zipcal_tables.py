@@ -17,28 +17,24 @@ says which are missing.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.eval.stats import mean_ci, mean_ci_text, verdict  # noqa: E402
-from qcal.grid.evidence import model_ppl  # noqa: E402
-from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.spec import FLOAT_CELL  # noqa: E402
-from qcal.results import markdown_table  # noqa: E402
-from qcal.studies.plots import from_mean_ci, interval_chart  # noqa: E402
-from qcal.studies.tables import (  # noqa: E402
+from qcal.eval.stats import mean_ci, mean_ci_text, verdict
+from qcal.grid.evidence import model_ppl
+from qcal.grid.runner import grid_progress
+from qcal.grid.spec import FLOAT_CELL
+from qcal.results import markdown_table
+from qcal.studies.plots import from_mean_ci, interval_chart
+from qcal.studies.tables import (
     chart_link,
     grid_heading,
     model_label,
     render_study,
     run_script,
 )
-from qcal.studies.zipcal import (  # noqa: E402
+from qcal.studies.zipcal import (
     EQUIVALENCE_MARGIN,
     SELECTORS,
     by_budget,
@@ -48,6 +44,8 @@ from qcal.studies.zipcal import (  # noqa: E402
     pair_tests,
     selection_cost,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def ppl_chart(chart: Path, cells: dict[str, dict[str, Any]], groups: dict, langs: list[str],
