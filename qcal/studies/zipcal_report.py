@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The ZipCal study with seeds and budgets (issue 15): tables, tests, cost and findings.
 
 Reads the cells of one or more `study_zipcal*` grids (one per model; configs/
@@ -11,8 +10,7 @@ each pair tested over paired evaluation windows and each side's seeds
 each selection cost. A grid that is not finished is rendered from the cells it has and
 says which are missing.
 
-    python scripts/study_zipcal_tables.py [--grid results/study_zipcal ...]
-                                          [--out results/zipcal]
+    qcal report [results/study_zipcal ...] --study zipcal [--out results/zipcal]
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from qcal.studies.tables import (
     grid_heading,
     model_label,
     render_study,
-    run_script,
+    report_root,
 )
 from qcal.studies.zipcal import (
     EQUIVALENCE_MARGIN,
@@ -44,8 +42,6 @@ from qcal.studies.zipcal import (
     pair_tests,
     selection_cost,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def ppl_chart(chart: Path, cells: dict[str, dict[str, Any]], groups: dict, langs: list[str],
@@ -86,7 +82,7 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
                   f"[{100 * t['ci_low'] / t['ppl_b']:+.2f}%, {100 * t['ci_high'] / t['ppl_b']:+.2f}%]",
                   f"{t['p']:.3g}", f"{t['p_holm']:.3g}", verdict(t), t["equivalence"]]
                  for t in tests]
-    parts = [*grid_heading(run, ROOT, spec, len(cells), missing),
+    parts = [*grid_heading(run, report_root(), spec, len(cells), missing),
              f"Perplexity on {', '.join(langs)} (held-out windows of 512 tokens"
              + (f", the first {spec['max_windows']}" if spec.get("max_windows") else ", all")
              + "): mean over calibration seeds ± the half-width of its 95% t-interval; "
@@ -113,9 +109,11 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
                                 "selection_seconds": cost, "findings": found}
 
 
-def main() -> None:
+def render(grids: list[Path], out: Path | None = None) -> None:
+    """Write the zipcal study's report (default results/zipcal) from its grids (default
+    results/study_zipcal)."""
     render_study(
-        ROOT, "scripts/study_zipcal_tables.py", __doc__.splitlines()[0], "study_zipcal",
+        "zipcal", grids, out, "study_zipcal",
         "zipcal", grid_section,
         "# ZipCal: random vs Zipf-diverse vs perplexity-based calibration selection",
         ["Every selector draws from the same English calibration pool of the handbook at each "
@@ -127,6 +125,3 @@ def main() -> None:
         "Caveats: small models whose float weights are dequantized GGUF/Q4 files; the "
         "perplexity selector scores the pool with the float model being quantized.")
 
-
-if __name__ == "__main__":
-    run_script(main)
