@@ -3,8 +3,8 @@
 An executor receives the cells to compute, a `CellWork` (computes one cell's record; it
 pickles, so worker processes and Ray tasks can take it) and a `record` callback that
 writes a finished cell. Only the driver calls `record`, so the cell files stay the single
-source of truth whoever computed them. In-process execution stays in `GridRunner`; this
-module holds the worker-process pool, and `qcal.grid.ray_executor` the Ray tasks.
+source of truth whoever computed them. This module holds the in-process executor and the
+worker-process pool, `qcal.grid.ray_executor` the Ray tasks.
 """
 
 from __future__ import annotations
@@ -32,6 +32,18 @@ class CellWork(Protocol):
     def __call__(self, cell: Cell, threads: int) -> dict[str, Any]:
         """Compute the cell's record with `threads` CPU threads."""
         ...
+
+
+def run_here(todo: list[Cell], run_cell: Callable[[Cell], dict[str, Any]], record: RecordCell,
+             bar: Any, done: Callable[[Cell], bool]) -> None:
+    """Compute `todo` in this process, one cell after another, skipping the cells `done`
+    already (finished by another executor's workers)."""
+    for cell in todo:
+        if done(cell):
+            continue
+        bar.set_postfix_str(cell.key)
+        record(cell, run_cell(cell))
+        bar.update(1)
 
 
 def run_in_processes(todo: list[Cell], work: CellWork, record: RecordCell, bar: Any,

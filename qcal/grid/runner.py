@@ -29,7 +29,7 @@ from qcal.cache import StepCache
 from qcal.devices import resolve_device
 from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_text, clean_stale_tree, exclusive_lock
-from qcal.grid.executors import run_in_processes
+from qcal.grid.executors import run_here, run_in_processes
 from qcal.grid.spec import RECIPE_ONLY_FIELDS, Cell, GridSpec, grid_from_dict, plan_cells
 from qcal.results import provenance
 
@@ -257,12 +257,7 @@ class GridRunner:
         elif self.jobs > 1 and len(todo) > 1:
             self._prepare_calibrations(todo)
             run_in_processes(todo, work, self.record, bar, self.jobs)
-        for cell in todo:
-            if self.is_current(cell):  # done by a worker
-                continue
-            bar.set_postfix_str(cell.key)
-            self.record(cell, self.run_cell(cell))
-            bar.update(1)
+        run_here(todo, self.run_cell, self.record, bar, self.is_current)  # what is left
         bar.close()
         return load_cells(self.results_root)
 
