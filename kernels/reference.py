@@ -10,7 +10,7 @@ from qcal_kernels.format import PACKABLE_BITS
 def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """int32 [K / per, N] -> int32 codes [K, N] on packed's own device.
 
-    Same layout as qcal.packing.format.unpack_rows, whose shift table lives on the CPU
+    Same layout as qcal_kernels.format.unpack_rows, whose shift table lives on the CPU
     (so it cannot unpack CUDA tensors).
     """
     if bits not in PACKABLE_BITS:

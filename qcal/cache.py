@@ -4,7 +4,8 @@
 numbers, and the bytes of tensors; every cache key and every resume check uses it.
 `StepCache` keeps finished steps (calibration sets, checkpoints, evaluations) under
 `<root>/<step>/<name>-<key>`; a step is reused only when its key, that is everything
-that determines its result, is unchanged.
+that determines its result, is unchanged. `JsonSteps` keeps a benchmark script's JSON step
+results there the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,42 @@ class StepCache:
     def path(self, step: str, name: str, key: str) -> Path:
         safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.") or "x"
         return self.root / plain_name(step, "cache step") / f"{safe[:80]}-{key[:KEY_CHARS]}"
+
+
+class JsonSteps:
+    """A benchmark's steps whose results are JSON, each kept in a `StepCache` under the
+    fingerprint of the `setting` they share: an interrupted run resumes where it stopped,
+    and a run with another setting computes its own results beside these, never mixing them.
+
+    `results` holds, in the order the run asked for them, every step found or computed."""
+
+    def __init__(self, cache: StepCache, step: str, setting: Any) -> None:
+        self.cache, self.step, self.key = cache, step, fingerprint(setting)
+        self.results: dict[str, Any] = {}
+
+    def file(self, name: str) -> Path:
+        return self.cache.path(self.step, name, self.key) / "result.json"
+
+    def other_settings(self) -> list[Path]:
+        """Step results kept under another setting: a work folder holding them also holds
+        that setting's files (checkpoints), so a script refuses to mix the two."""
+        folder = self.cache.root / self.step
+        mine = f"-{self.key[:KEY_CHARS]}"
+        return sorted(p for p in folder.glob("*") if not p.name.endswith(mine)) if folder.is_dir() else []
+
+    def get(self, name: str) -> Any | None:
+        """The step's saved result, or None when it has not run under this setting."""
+        if name not in self.results and self.file(name).is_file():
+            self.results[name] = json.loads(self.file(name).read_text(encoding="utf-8"))
+        return self.results.get(name)
+
+    def run(self, name: str, compute: Callable[[], Any],
+            redo: Callable[[Any], bool] = lambda _: False) -> Any:
+        """The step's saved result, else (or when `redo(saved)`) `compute()`'s, saved first."""
+        from qcal.fsio import atomic_write_text
+
+        saved = self.get(name)
+        if saved is None or redo(saved):
+            self.results[name] = compute()
+            atomic_write_text(self.file(name), json.dumps(self.results[name], indent=1))
+        return self.results[name]

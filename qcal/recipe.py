@@ -140,8 +140,8 @@ def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
                      cache: StepCache | None = None, device: str = "cpu") -> Any:
     """The recipe's calibration set: a saved set, a cached build, or a fresh build."""
     from qcal.calib import resolve_calib
-    from qcal.calib.base import tokenizer_info
     from qcal.calib.io import load_calib_set, save_calib_set
+    from qcal.calib.manifest import tokenizer_info
 
     cfg = recipe.calib
     assert cfg is not None

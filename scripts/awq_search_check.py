@@ -19,20 +19,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from qcal.calib import resolve_calib  # noqa: E402
-from qcal.config import AWQConfig, QuantScheme  # noqa: E402
-from qcal.methods import awq_runner  # noqa: E402
-from qcal.model.arch import decoder_layers  # noqa: E402
-from qcal.model.resolve import arch_for  # noqa: E402
-from qcal.model.capture import capture_layer0_inputs, run_layer  # noqa: E402
-from qcal.model.loading import load_model, resolve_model_dir  # noqa: E402
-from qcal.paths import results_dir  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.calib import resolve_calib
+from qcal.config import AWQConfig, QuantScheme
+from qcal.methods import awq_runner
+from qcal.model.arch import decoder_layers
+from qcal.model.capture import capture_layer0_inputs, run_layer
+from qcal.model.loading import load_model, resolve_model_dir
+from qcal.model.resolve import arch_for
+from qcal.paths import results_dir
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
 WAYS = {"full grid, all tokens": dict(search_tokens=0, coarse_to_fine=False),
         "coarse to fine, all tokens": dict(search_tokens=0, coarse_to_fine=True),

@@ -24,12 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from qcal.errors import QcalError
+from qcal.fsio import atomic_write_text
+from qcal.grid.runner import saved_spec
 
-from qcal.errors import QcalError  # noqa: E402
-from qcal.fsio import atomic_write_text  # noqa: E402
-from qcal.grid.runner import saved_spec  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SINGLE_CONTINUATION_TASKS = ("lambada_openai",)
 

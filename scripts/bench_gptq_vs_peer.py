@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from qcal.cache import JsonSteps, StepCache
 from qcal.calib import resolve_calib
 from qcal.cli import command_prefix
 from qcal.data import eval_text
@@ -30,7 +31,6 @@ from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
 from qcal.model.loading import load_model, resolve_model_dir
 from qcal.paths import results_dir, runs_dir
 from qcal.results import (
-    atomic_write_text,
     markdown_table,
     provenance,
     provenance_markdown,
@@ -105,23 +105,16 @@ def main() -> int:
     setting = {"model": str(model_dir), "calib": calib.manifest.get("digest"), "sym": sym,
                "desc_act": args.desc_act, "windows": n, "eval_seqlen": args.eval_seqlen}
 
-    # Every step's result is cached in <work>/state.json next to the checkpoints, so an
-    # interrupted run resumes; --fresh starts over.
+    # Every step's result is kept in qcal's step cache in <work>, next to the checkpoints, so
+    # an interrupted run resumes; --fresh starts over.
     work = args.work or runs_dir() / f"bench_gptq_vs_peer{'_act' if args.desc_act else ''}"
     if args.fresh:
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
-    state_file = work / "state.json"
-    state: dict[str, Any] = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    if state.get("setting") not in (None, setting):
+    steps = JsonSteps(StepCache(work), "steps", setting)
+    if steps.other_settings():
         raise SystemExit(f"{work} holds a run with other settings; pass --fresh or --work")
-    state["setting"] = setting
-
-    def step(key: str, fn: Any) -> Any:
-        if key not in state:
-            state[key] = fn()
-            atomic_write_text(state_file, json.dumps(state, indent=1))
-        return state[key]
+    step = steps.run
 
     # safetensors, not pickle: the peer's venv reads ids without being able to run code.
     save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))

@@ -25,7 +25,6 @@ import inspect
 import json
 import os
 import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -34,12 +33,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from qcal.config import QuantScheme  # noqa: E402
-from qcal.packing.qlinear import QuantLinear  # noqa: E402
-from qcal.quant.base import rtn_quantize  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.config import QuantScheme
+from qcal.packing.qlinear import QuantLinear
+from qcal.quant.base import rtn_quantize
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
 PROMPT = ("The Debian Administrator's Handbook explains how to install, configure and maintain "
           "a Debian system. In this chapter we look at")
@@ -266,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if do_gpu:
         if not torch.cuda.is_available():
             raise SystemExit("--part gpu needs a CUDA device")
-        from bench_kernels_gpu import gpu_part  # noqa: E402  (beside this script)
+        from bench_kernels_gpu import gpu_part  # beside this script
 
         for section in gpu_part(args.repeats):  # yields the growing section after each shape
             data["gpu"] = section

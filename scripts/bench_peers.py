@@ -8,7 +8,8 @@ tool's log. Peers live in their own virtualenvs under runs/ (built here when mis
 pinned, never project dependencies): GPTQModel 7.6.0 (scripts/setup_peer_venv.sh) and
 AutoAWQ 0.2.9 (with transformers 4.51.3, the last it supports). qcal's loader scores every
 checkpoint on the same held-out windows (one scorer). Results: results/peers.{json,md}.
-Each step is cached in runs/bench_peers/state.json, so an interrupted run resumes.
+Each step's result is kept in qcal's step cache under runs/bench_peers, so an interrupted run
+resumes.
 
     python scripts/bench_peers.py [--autoawq-layers 3 | --autoawq-full] [--fresh]
 """
@@ -24,25 +25,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from safetensors.torch import save_file
 
-from safetensors.torch import save_file  # noqa: E402
-
-from qcal.calib import resolve_calib  # noqa: E402
-from qcal.cli import command_prefix  # noqa: E402
-from qcal.data import eval_text  # noqa: E402
-from qcal.eval.perplexity import perplexity_of_ids, tokenize_text  # noqa: E402
-from qcal.model.loading import load_model, resolve_model_dir  # noqa: E402
-from qcal.paths import results_dir, runs_dir  # noqa: E402
-from qcal.results import (  # noqa: E402
-    atomic_write_text,
+from qcal.cache import JsonSteps, StepCache
+from qcal.calib import resolve_calib
+from qcal.cli import command_prefix
+from qcal.data import eval_text
+from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
+from qcal.model.loading import load_model, resolve_model_dir
+from qcal.paths import results_dir, runs_dir
+from qcal.results import (
     markdown_table,
     provenance,
     provenance_markdown,
     timed_command,
     write_results,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # The last commit before the AWQ speed work (Gram loss for lone linears, token budget).
 BASELINE_REV = "4112516"
@@ -121,19 +121,22 @@ def main() -> int:
     setting = {"calib": calib.manifest.get("digest"), "gptq_group": args.gptq_group,
                "awq_group": args.awq_group, "baseline_rev": args.baseline_rev,
                "autoawq_layers": layers, "windows": n_windows, "awq_seeds": args.awq_seeds}
-    state_file = work / "state.json"
-    state: dict[str, Any] = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    if state.get("setting") not in (None, setting):
+    steps = JsonSteps(StepCache(work), "steps", setting)
+    if steps.other_settings():
         raise SystemExit(f"{work} holds a run with other settings; pass --fresh")
-    state["setting"] = setting
+
+    def failed(saved: Any) -> bool:
+        return isinstance(saved, dict) and saved.get("returncode", 0) != 0
 
     def step(key: str, fn: Any) -> Any:
-        failed = isinstance(state.get(key), dict) and state[key].get("returncode", 0) != 0
-        if (key not in state or failed) and (args.only is None or key.split("/")[0] in args.only):
+        if args.only is not None and key.split("/")[0] not in args.only:
+            return steps.get(key)
+
+        def announced() -> Any:
             print(f"== {key}", flush=True)
-            state[key] = fn()
-            atomic_write_text(state_file, json.dumps(state, indent=1))
-        return state.get(key)
+            return fn()
+
+        return steps.run(key, announced, failed)
 
     save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
 
@@ -211,11 +214,12 @@ def main() -> int:
     step("ppl/float", lambda: score(model_dir))
     extra = [f"{v}/s{seed}" for seed in args.awq_seeds for v in ("qcal-awq", "qcal-awq-baseline")]
     for name in ("qcal-gptq", "gptqmodel", "qcal-awq", "qcal-awq-baseline", "autoawq", *extra):
-        run = state.get(name)
+        run = steps.get(name)
         if run and run["returncode"] == 0 and run.get("finished", True):
             step(f"ppl/{name}", lambda n=name: score(work / n.replace("/", "-")))
     file_mib = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**20
     n_layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
+    state = {"setting": setting, **steps.results}
     data = {"setting": setting, "state": state, "model_file_mib": round(file_mib, 1),
             "n_layers": n_layers,
             "provenance": provenance(

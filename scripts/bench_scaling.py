@@ -17,16 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.cli import command_prefix  # noqa: E402
-from qcal.config import EvalConfig  # noqa: E402
-from qcal.eval.job import run_evaluation  # noqa: E402
-from qcal.packing.checkpoint import load_checkpoint, quant_modules  # noqa: E402
-from qcal.packing.formats import codes_of  # noqa: E402
-from qcal.paths import results_dir, runs_dir  # noqa: E402
-from qcal.results import (  # noqa: E402
+from qcal.cli import command_prefix
+from qcal.config import EvalConfig
+from qcal.eval.job import run_evaluation
+from qcal.packing.checkpoint import load_checkpoint, quant_modules
+from qcal.packing.formats import codes_of
+from qcal.paths import results_dir, runs_dir
+from qcal.results import (
     markdown_table,
     provenance,
     provenance_markdown,

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SOURCE = "debian-handbook"
 SEQLEN = 512

@@ -25,15 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from qcal.calib.base import token_statistics  # noqa: E402
-from qcal.calib.perplexity import PerplexitySelector  # noqa: E402
-from qcal.calib.random_sel import RandomSelector  # noqa: E402
-from qcal.calib.windows import WindowPool, build_windows  # noqa: E402
-from qcal.calib.zipf import ZipfSelector  # noqa: E402
-from qcal.errors import QcalError  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.calib.manifest import token_statistics
+from qcal.calib.perplexity import PerplexitySelector
+from qcal.calib.random_sel import RandomSelector
+from qcal.calib.windows import WindowPool, build_windows
+from qcal.calib.zipf import ZipfSelector
+from qcal.errors import QcalError
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

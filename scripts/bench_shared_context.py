@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TASKS = ["arc_easy", "boolq", "piqa", "hellaswag", "multiemo_en", "multiemo_pl"]
 

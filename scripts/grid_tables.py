@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.cli import command_prefix  # noqa: E402
-from qcal.grid import load_cells  # noqa: E402
-from qcal.grid.report import float_key, ppl_table  # noqa: E402
-from qcal.paths import default_model_dir, results_dir  # noqa: E402
-from qcal.results import (  # noqa: E402
+from qcal.cli import command_prefix
+from qcal.grid import load_cells
+from qcal.grid.report import float_key, ppl_table
+from qcal.paths import default_model_dir, results_dir
+from qcal.results import (
     markdown_table,
     provenance,
     provenance_markdown,

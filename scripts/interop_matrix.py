@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from qcal.cli import command_prefix
+from qcal.data import eval_text
+from qcal.eval.perplexity import tokenize_text
+from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir
+from qcal.paths import results_dir, runs_dir
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
-from qcal.cli import command_prefix  # noqa: E402
-from qcal.data import eval_text  # noqa: E402
-from qcal.eval.perplexity import tokenize_text  # noqa: E402
-from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
-from qcal.paths import results_dir, runs_dir  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
 PEER = ROOT / "runs" / "peer-venv" / "bin" / "python"  # scripts/setup_peer_venv.sh

@@ -19,10 +19,9 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SUITE = ("tests/integration/test_bad_input_safety.py",
          "tests/integration/test_bad_input_errors.py")

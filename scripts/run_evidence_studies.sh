@@ -14,7 +14,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QCAL=${QCAL:-.venv/bin/qcal}
-PY=${PY:-.venv/bin/python}
 # Order: the seeded studies on both models first, the single-draw benchmark grids last (if
 # the compute runs out early, the studies' findings on both models are what matters most).
 STUDIES=${STUDIES:-"study_multilingual study_zipcal study_confidence study_multilingual_gemma3 study_zipcal_gemma3 study_confidence_gemma3 study_benchmarks study_benchmarks_gemma3 study_lambada_seeds"}
@@ -24,13 +23,18 @@ failed=""
 for grid in $STUDIES; do
   "$QCAL" compare --config "configs/$grid.yaml" "$@" || failed="$failed $grid"
 done
-grids() { for g in "results/$1" "results/$1_gemma3"; do if [ -d "$g/cells" ]; then printf -- '--%s %s ' "${2:-grid}" "$g"; fi; done; }
+# The grids of a study that have cells: as they are, or each after --OPTION when one is given.
+grids() {
+  for g in "results/$1" "results/$1_gemma3"; do
+    if [ -d "$g/cells" ]; then if [ -n "${2:-}" ]; then printf -- '--%s ' "$2"; fi; printf '%s ' "$g"; fi
+  done
+}
 # shellcheck disable=SC2046
-"$PY" scripts/study_multilingual_tables.py $(grids study_multilingual)
+"$QCAL" report $(grids study_multilingual) --study multilingual
 # shellcheck disable=SC2046
-"$PY" scripts/study_zipcal_tables.py $(grids study_zipcal)
+"$QCAL" report $(grids study_zipcal) --study zipcal
 # shellcheck disable=SC2046
-"$PY" scripts/study_confidence_tables.py $(grids study_confidence) $(grids study_benchmarks bench-grid) \
+"$QCAL" report $(grids study_confidence) --study confidence $(grids study_benchmarks bench-grid) \
   $(grids study_lambada_seeds bench-grid)
 if [ -n "$failed" ]; then
   echo "run_evidence_studies: these grids stopped with an error:$failed" >&2

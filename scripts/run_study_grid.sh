@@ -16,4 +16,4 @@ cd "$(dirname "$0")/.."
 QCAL=${QCAL:-.venv/bin/qcal}
 "$QCAL" compare --config configs/multilingual_grid.yaml "$@"
 "$QCAL" compare --config configs/zipcal_grid.yaml "$@"
-.venv/bin/python scripts/study_tables.py
+"$QCAL" report --study selection

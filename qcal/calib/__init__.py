@@ -6,16 +6,10 @@ selectors random, multilingual, zipf and perplexity.
 """
 
 from qcal.calib import multilingual, perplexity, random_sel, zipf  # noqa: F401  (registration)
-from qcal.calib.base import (
-    SELECTORS,
-    CalibrationSelector,
-    CalibSet,
-    CalibSetError,
-    NotEnoughDataError,
-    Selection,
-)
+from qcal.calib.base import SELECTORS, CalibrationSelector, Selection
 from qcal.calib.build import build_calib, parse_selector, resolve_calib
-from qcal.calib.io import calib_sets_dir, list_calib_sets
+from qcal.calib.io import CalibSet, calib_sets_dir, list_calib_sets
+from qcal.calib.manifest import CalibSetError, NotEnoughDataError
 from qcal.calib.windows import WindowPool, build_windows
 
 __all__ = [

@@ -18,7 +18,9 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from qcal.calib.base import SELECTORS, CalibrationSelector, CalibSet, CalibSetError, make_calib_set
+from qcal.calib.base import SELECTORS, CalibrationSelector, make_calib_set
+from qcal.calib.io import CalibSet
+from qcal.calib.manifest import CalibSetError
 from qcal.calib.multilingual import STUDY_LANGS, MultilingualSelector, parse_mix
 from qcal.calib.windows import build_windows
 from qcal.errors import ConfigError
@@ -171,7 +173,7 @@ def build_calib(docs: Sequence[Any], tokenizer: Any, n: int, seqlen: int, seed: 
 
 def check_compatible(calib: CalibSet, tokenizer: Any, nsamples: int, seqlen: int, where: str) -> None:
     """Refuse a saved set whose shape or tokenizer does not match the request."""
-    from qcal.calib.base import tokenizer_info
+    from qcal.calib.manifest import tokenizer_info
 
     if calib.seqlen != seqlen:
         raise CalibSetError(f"calibration set {where} has seqlen {calib.seqlen}, not {seqlen}: pass "

@@ -1,4 +1,4 @@
-"""Saved calibration sets: ``<dir>/input_ids.safetensors`` + ``<dir>/manifest.json``.
+"""CalibSet and its I/O: ``<dir>/input_ids.safetensors`` + ``<dir>/manifest.json``.
 
 Sets live under ``calib_sets/`` in qcal's home (see `qcal.paths`; ``$QCAL_CALIB_DIR`` overrides)
 and are referred to by directory path or by name inside that folder. Saving is
@@ -8,20 +8,52 @@ digest, so a set whose ids were edited or truncated is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from qcal.calib.base import CalibSetError, content_digest
-
-if TYPE_CHECKING:
-    from qcal.calib.base import CalibSet
+from qcal.calib.manifest import CalibSetError, content_digest
 
 IDS_FILE = "input_ids.safetensors"
 MANIFEST_FILE = "manifest.json"
 CALIB_SET_KIND = "calibration set"
+
+
+@dataclasses.dataclass
+class CalibSet:
+    """Selected calibration windows: `input_ids` [n, seqlen] plus their manifest."""
+
+    input_ids: torch.Tensor
+    manifest: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dim() != 2 or self.input_ids.dtype != torch.long:
+            raise CalibSetError(
+                f"input_ids must be a LongTensor [n, seqlen], got {self.input_ids.dtype} "
+                f"{tuple(self.input_ids.shape)}"
+            )
+
+    @property
+    def digest(self) -> str:
+        return str(self.manifest["digest"])
+
+    @property
+    def nsamples(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seqlen(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def save(self, out_dir: Path | str) -> Path:
+        return save_calib_set(self, Path(out_dir))
+
+    @classmethod
+    def load(cls, path: Path | str) -> CalibSet:
+        return load_calib_set(Path(path))
 
 
 def is_legacy_calib_set(path: Path) -> bool:
@@ -69,8 +101,6 @@ def save_calib_set(calib: CalibSet, out_dir: Path) -> Path:
 
 def load_calib_set(path: Path) -> CalibSet:
     from safetensors.torch import load_file
-
-    from qcal.calib.base import CalibSet
 
     found = find_calib_set(path)
     if found is None:

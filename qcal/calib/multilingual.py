@@ -27,7 +27,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from qcal.calib.base import SELECTORS, NotEnoughDataError, Selection
+from qcal.calib.base import SELECTORS, Selection
+from qcal.calib.manifest import NotEnoughDataError
 from qcal.calib.windows import UNKNOWN_LANG, WindowPool
 from qcal.errors import ConfigError
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from qcal.calib.base import NotEnoughDataError
+from qcal.calib.manifest import NotEnoughDataError
 from qcal.errors import ConfigError
 
 UNKNOWN_LANG = "und"

@@ -127,8 +127,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from qcal.calib.base import CalibSetError
     from qcal.calib.io import MANIFEST_FILE, find_calib_set
+    from qcal.calib.manifest import CalibSetError
 
     path = find_calib_set(args.name)
     if path is None:

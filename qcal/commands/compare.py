@@ -49,9 +49,21 @@ def add_parser(sub: Any) -> None:
                         "(a grid otherwise keeps one model's worth of disk per cell; a cell "
                         "that is run again rebuilds it)")
     p.set_defaults(handler=run_compare)
-    r = sub.add_parser("report", help="render tables and plots of a comparison grid")
-    r.add_argument("run_dir", type=Path, help="results/<run> written by `qcal compare`")
+    r = sub.add_parser("report", help="render tables and plots of comparison grids, or a "
+                                      "study's report from its grids (--study)")
+    r.add_argument("run_dir", type=Path, nargs="*",
+                   help="results/<run> folders written by `qcal compare` (a study has defaults)")
     r.add_argument("--title", default=None)
+    r.add_argument("--study", default=None,
+                   help="render this study's report: zipcal, multilingual, confidence (with "
+                        "benchmarks) or selection")
+    r.add_argument("--out", type=Path, default=None,
+                   help="with --study: the report's path without suffix (default under results/)")
+    r.add_argument("--bench-grid", type=Path, action="append", default=None,
+                   help="with --study confidence: a benchmark grid (repeatable; default "
+                        "results/study_benchmarks*)")
+    r.add_argument("--out-benchmarks", type=Path, default=None,
+                   help="with --study confidence: the benchmarks report's path without suffix")
     r.set_defaults(handler=run_report)
 
 
@@ -101,8 +113,22 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from qcal.errors import ConfigError
     from qcal.grid.report import render_report
 
-    data = render_report(args.run_dir, args.title)
-    print(f"wrote {args.run_dir}/report.md with {len(data['perplexity'])} cells")
+    if args.study is not None:
+        # The studies live outside the core library: reached here only, lazily.
+        from qcal.studies.report import render_study
+
+        render_study(args.study, args.run_dir, args.out, args.bench_grid, args.out_benchmarks)
+        return 0
+    if not args.run_dir:
+        raise ConfigError("qcal report needs a grid folder (results/<run> written by `qcal "
+                          "compare`), or --study NAME")
+    if args.out is not None or args.bench_grid or args.out_benchmarks is not None:
+        raise ConfigError("--out, --bench-grid and --out-benchmarks go with --study; a grid's "
+                          "report is written into its folder")
+    for run_dir in args.run_dir:
+        data = render_report(run_dir, args.title)
+        print(f"wrote {run_dir}/report.md with {len(data['perplexity'])} cells")
     return 0

@@ -36,17 +36,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--models chooses what the model part builds; add model to --only")
     force = ["--force"] if args.force else []
     if "model" in wanted:
-        from qcal.model.provision import main as provision_model
+        from qcal.provision.model import main as provision_model
 
         provision_model(force + ([f"--models={args.models}"] if args.models else []))
     if "data" in wanted:
-        from qcal.data.provision import main as provision_data
+        from qcal.provision.data import main as provision_data
 
         rc = provision_data(force)
         if rc:
             return rc
     if "benchmarks" in wanted:
-        from qcal.eval.provision_benchmarks import main as provision_benchmarks
+        from qcal.provision.benchmarks import main as provision_benchmarks
 
         provision_benchmarks(force)
     return 0

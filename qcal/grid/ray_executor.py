@@ -10,13 +10,13 @@ task asks for one GPU, elsewhere for one CPU. Ray is an optional extra
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from qcal.errors import ConfigError
-from qcal.grid.spec import Cell, GridSpec
+from qcal.grid.executors import CellWork, RecordCell
+from qcal.grid.spec import Cell
 
 MAX_RETRIES = 2
 # Fault injection for the recovery test: the first task to see this file missing creates
@@ -24,26 +24,22 @@ MAX_RETRIES = 2
 KILL_ONCE_ENV = "QCAL_RAY_KILL_FIRST_WORKER"
 
 
-def _ray_cell(spec: GridSpec, results_root: str, work_root: str, cell: Cell, device: str,
-              threads: int) -> dict[str, Any]:
+def _ray_cell(work: CellWork, cell: Cell, threads: int) -> dict[str, Any]:
     """Runs in a Ray worker: the cell's record (read back if another worker finished it)."""
-    import torch
-
-    from qcal.grid.runner import GridRunner
-
-    runner = GridRunner(spec, Path(results_root), Path(work_root), progress=False, device=device)
-    if runner.is_current(cell):
-        return json.loads(runner.cell_path(cell).read_text())
+    finished = work.finished(cell)
+    if finished is not None:
+        return finished
     flag = os.environ.get(KILL_ONCE_ENV)
     if flag and not Path(flag).exists():
         Path(flag).write_text(str(os.getpid()))
         os._exit(1)
-    torch.set_num_threads(threads)
-    return runner.run_cell(cell)
+    return work(cell, threads)
 
 
-def run_on_ray(runner: Any, todo: list[Cell], bar: Any, address: str | None = None) -> None:
-    """Run `todo` as Ray tasks and record each finished cell through `runner`."""
+def run_on_ray(todo: list[Cell], work: CellWork, record: RecordCell, bar: Any,
+               address: str | None = None) -> None:
+    """Run `todo` as Ray tasks and `record` each finished cell (the driver writes them all;
+    `record` skips a cell another driver finished meanwhile)."""
     try:
         import ray
     except ImportError:
@@ -54,19 +50,16 @@ def run_on_ray(runner: Any, todo: list[Cell], bar: Any, address: str | None = No
         ray.init(address=address, include_dashboard=False, logging_level="ERROR",
                  log_to_driver=False)
     try:
-        on_gpu = runner.device.startswith("cuda")
+        on_gpu = work.device.startswith("cuda")
         cpus = int(ray.available_resources().get("CPU", 1)) or 1
         threads = 1 if on_gpu else max(1, (os.cpu_count() or 1) // max(1, min(cpus, len(todo))))
         remote = ray.remote(_ray_cell).options(max_retries=MAX_RETRIES, retry_exceptions=False,
                                                num_gpus=1 if on_gpu else 0, num_cpus=1)
-        refs = {remote.remote(runner.spec, str(runner.results_root), str(runner.work_root), cell,
-                              runner.device, threads): cell for cell in todo}
+        refs = {remote.remote(work, cell, threads): cell for cell in todo}
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
             cell = refs.pop(ready[0])
-            record = ray.get(ready[0])  # a task's error surfaces here
-            if not runner.is_current(cell):  # another driver may have finished it
-                runner._record(cell, record)
+            record(cell, ray.get(ready[0]))  # a task's error surfaces here
             bar.update(1)
     finally:
         if started_here:

@@ -18,11 +18,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import multiprocessing
-import os
 import shutil
 import sys
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +29,7 @@ from qcal.cache import StepCache
 from qcal.devices import resolve_device
 from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_text, clean_stale_tree, exclusive_lock
+from qcal.grid.executors import run_here, run_in_processes
 from qcal.grid.spec import RECIPE_ONLY_FIELDS, Cell, GridSpec, grid_from_dict, plan_cells
 from qcal.results import provenance
 
@@ -250,25 +248,31 @@ class GridRunner:
         cells = self.mine()
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="grid",
                    disable=not self.progress)
+        work = CellWorker(self.spec, self.results_root, self.work_root, self.device)
         if self.executor == "ray" and todo:
             from qcal.grid.ray_executor import run_on_ray
 
-            for cell in todo:  # build every calibration set once, here (the cache dedups)
-                if cell.selector is not None:
-                    self.prepare_calibration(cell)
-            run_on_ray(self, todo, bar, self.address)
+            self._prepare_calibrations(todo)
+            run_on_ray(todo, work, self._record_unless_current, bar, self.address)
         elif self.jobs > 1 and len(todo) > 1:
-            self._run_parallel(todo, bar)
-        for cell in todo:
-            if self.is_current(cell):  # done by a worker
-                continue
-            bar.set_postfix_str(cell.key)
-            self._record(cell, self.run_cell(cell))
-            bar.update(1)
+            self._prepare_calibrations(todo)
+            run_in_processes(todo, work, self.record, bar, self.jobs)
+        run_here(todo, self.run_cell, self.record, bar, self.is_current)  # what is left
         bar.close()
         return load_cells(self.results_root)
 
-    def _record(self, cell: Cell, record: dict[str, Any]) -> None:
+    def _prepare_calibrations(self, todo: list[Cell]) -> None:
+        # Workers never race on a cache entry: every calibration set is built once, here.
+        for cell in todo:
+            if cell.selector is not None:
+                self.prepare_calibration(cell)
+
+    def _record_unless_current(self, cell: Cell, record: dict[str, Any]) -> None:
+        if not self.is_current(cell):  # another driver may have finished it
+            self.record(cell, record)
+
+    def record(self, cell: Cell, record: dict[str, Any]) -> None:
+        """Write a finished cell's file (with provenance), the only writer of cell files."""
         record["provenance"] = provenance()
         atomic_write_text(self.cell_path(cell), json.dumps(record, indent=1, default=str))
         if not self.keep_checkpoints and cell.method is not None:
@@ -282,35 +286,30 @@ class GridRunner:
         if target.is_dir():
             shutil.rmtree(target)
 
-    def _run_parallel(self, todo: list[Cell], bar: Any) -> None:
-        for cell in todo:  # build every calibration set once, here (the cache dedups)
-            if cell.selector is not None:
-                self.prepare_calibration(cell)
-        threads = max(1, (os.cpu_count() or 1) // self.jobs)
-        ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
-        with ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx) as pool:
-            running = {pool.submit(_run_cell_in_worker, self.spec, self.results_root,
-                                   self.work_root, cell, threads, self.device): cell
-                       for cell in todo}
-            try:
-                while running:
-                    bar.set_postfix_str(",".join(sorted(c.key for c in running.values())))
-                    done, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        cell = running.pop(future)
-                        self._record(cell, future.result())  # a worker's error surfaces here
-                        bar.update(1)
-            except BaseException:
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
 
+@dataclasses.dataclass(frozen=True)
+class CellWorker:
+    """A grid cell's computation for a worker process or a Ray task (see `CellWork`): it
+    pickles as plain data and builds its own quiet runner where it runs."""
 
-def _run_cell_in_worker(spec: GridSpec, results_root: Path, work_root: Path, cell: Cell,
-                        threads: int, device: str) -> dict[str, Any]:
-    import torch
+    spec: GridSpec
+    results_root: Path
+    work_root: Path
+    device: str
 
-    torch.set_num_threads(threads)
-    return GridRunner(spec, results_root, work_root, progress=False, device=device).run_cell(cell)
+    def _runner(self) -> GridRunner:
+        return GridRunner(self.spec, Path(self.results_root), Path(self.work_root), progress=False,
+                          device=self.device)
+
+    def finished(self, cell: Cell) -> dict[str, Any] | None:
+        runner = self._runner()
+        return json.loads(runner.cell_path(cell).read_text()) if runner.is_current(cell) else None
+
+    def __call__(self, cell: Cell, threads: int) -> dict[str, Any]:
+        import torch
+
+        torch.set_num_threads(threads)
+        return self._runner().run_cell(cell)
 
 
 def load_cells(results_root: Path) -> dict[str, dict[str, Any]]:

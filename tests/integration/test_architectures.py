@@ -19,7 +19,7 @@ from qcal.config import QuantScheme
 from qcal.model.adapters import LinearizedExperts, is_conv1d, is_fused_experts
 from qcal.model.arch import LLAMA_LIKE, ScaleGroup
 from qcal.model.loading import load_tokenizer
-from qcal.model.resolve import _Resolver, _layer_inputs, _twin, resolve_arch
+from qcal.model.resolve import _layer_inputs, _Resolver, _twin, resolve_arch
 from qcal.model.tiny import TINY_FAMILIES, build_tiny_family, stdlib_text
 
 pytestmark = pytest.mark.integration

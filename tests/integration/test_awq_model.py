@@ -22,9 +22,9 @@ from qcal.methods.awq_runner import (
     load_artifact,
 )
 from qcal.model.arch import decoder_layers
-from qcal.model.resolve import arch_for
 from qcal.model.capture import capture_layer0_inputs, run_layer
 from qcal.model.loading import load_model
+from qcal.model.resolve import arch_for
 from qcal.packing.qlinear import QuantLinear
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from qcal.eval.benchmarks import (
     benchmarks_dir,
     lm_eval_tasks_dir,
 )
-from qcal.eval.bigbench_json import SDIST_FILE
+from qcal.provision.bigbench_json import SDIST_FILE
 
 pytestmark = pytest.mark.integration
 TASKS = ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "openbookqa", "sciq",
@@ -139,7 +139,7 @@ def _bigbench_format_fn(sdist: Path) -> Any:
 def test_multiemo_docs_equal_bigbench_formatting(provisioned: Path) -> None:
     """Every language's documents: the inputs BIG-bench's formatter makes (seed 42, the
     task's prefixes), prefixed and stripped as the HF `bigbench` script does."""
-    from qcal.eval.bigbench_json import read_task_jsons
+    from qcal.provision.bigbench_json import read_task_jsons
 
     _needs(provisioned, *(f"multiemo_{lang}" for lang in MULTIEMO_LANGS))
     sdist = _cached("bigbench-1.0.0.tar.gz")

@@ -14,7 +14,7 @@ from qcal.errors import ConfigError
 from qcal.grid import GridRunner, plan_cells
 from qcal.grid import runner as compare
 from qcal.grid.report import render_report
-from qcal.grid.study_tables import dropped_tasks_text
+from qcal.studies.tables import dropped_tasks_text
 
 pytestmark = pytest.mark.integration
 

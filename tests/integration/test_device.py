@@ -21,8 +21,8 @@ from qcal.devices import resolve_device
 from qcal.errors import ConfigError
 from qcal.methods import RunOptions, gptq_runner
 from qcal.model.arch import decoder_layers, get_module
-from qcal.model.resolve import arch_for
 from qcal.model.loading import load_model
+from qcal.model.resolve import arch_for
 
 pytestmark = pytest.mark.integration
 TARGET = "cpu:0"

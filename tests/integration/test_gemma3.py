@@ -18,9 +18,9 @@ from qcal.config import AWQConfig, QuantScheme
 from qcal.methods import RunOptions
 from qcal.methods.awq_runner import awq_quantize_model, fold_scale, group_applies
 from qcal.model.arch import LLAMA_LIKE, decoder_layers
-from qcal.model.resolve import arch_for
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
 from qcal.model.loading import load_model
+from qcal.model.resolve import arch_for
 from qcal.model.tiny import build_tiny_gemma3, stdlib_text
 from qcal.packing.qlinear import QuantLinear
 

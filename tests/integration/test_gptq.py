@@ -17,9 +17,9 @@ from qcal.errors import CheckpointError
 from qcal.methods import RunOptions, gptq_runner
 from qcal.methods.gptq_runner import HessianSink, run_gptq
 from qcal.model.arch import decoder_layers, get_module
-from qcal.model.resolve import arch_for
 from qcal.model.capture import capture_layer0_inputs, feed_linear_inputs
 from qcal.model.loading import load_model
+from qcal.model.resolve import arch_for
 from qcal.model.sequential import ResumeStateError
 from qcal.model.tiny import stdlib_text
 from qcal.packing.checkpoint import load_checkpoint

@@ -11,10 +11,10 @@ import torch
 from qcal.config import GPTQConfig, QuantScheme
 from qcal.methods.gptq_runner import quantize_layer_gptq
 from qcal.model.arch import decoder_layers
-from qcal.model.resolve import arch_for
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
 from qcal.model.loading import load_model
 from qcal.model.replay import AttentionReplay, release_replay
+from qcal.model.resolve import arch_for
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qcal.grid.benchmarks import (
+from qcal.studies.benchmarks import (
     benchmark_table,
     cell_text,
     combined_table,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qcal.eval.benchmarks import BenchmarkDataError, _lambada_doc
-from qcal.eval.bigbench_json import BigBenchSourceError, bigbench_docs, read_task_jsons
+from qcal.provision.bigbench_json import BigBenchSourceError, bigbench_docs, read_task_jsons
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from qcal.calib import (
     list_calib_sets,
     resolve_calib,
 )
-from qcal.calib.base import token_statistics, zipf_fit
+from qcal.calib.manifest import token_statistics, zipf_fit
 from qcal.data.corpus import Document
 from qcal.model.tiny import stdlib_text
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qcal.grid.confidence_study import findings, quartile_claim, study
+from qcal.studies.confidence import findings, quartile_claim, study
 
 pytestmark = pytest.mark.unit
 

@@ -26,9 +26,9 @@ from qcal.data import (
     load_text_file,
     resolve_source,
 )
-from qcal.data import handbook as hb
 from qcal.data.corpus import corpus_dir, write_jsonl
 from qcal.data.sources import wiki_split
+from qcal.provision import handbook as hb
 
 pytestmark = pytest.mark.unit
 

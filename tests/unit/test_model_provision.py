@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from qcal.errors import ModelNotFoundError
-from qcal.model import provision
 from qcal.model.loading import resolve_model_dir
 from qcal.paths import DEFAULT_MODEL_NAME, GEMMA3_MODEL_NAME
+from qcal.provision import model as provision
 
 pytestmark = pytest.mark.unit
 META = provision.GEMMA3_META

@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from qcal.grid.multilingual import (
+from qcal.studies.multilingual import (
     against_rtn,
     by_setting,
     findings,

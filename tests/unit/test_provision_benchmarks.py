@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from qcal.eval import provision_benchmarks as pb
 from qcal.eval.benchmarks import BIGBENCH, benchmarks
-from qcal.eval.bigbench_json import BigBenchSourceError
 from qcal.eval.harness import TaskError, resolve_tasks
+from qcal.provision import benchmarks as pb
+from qcal.provision.bigbench_json import BigBenchSourceError
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_any_unprovisioned_qcal_benchmark_says_how_to_provision(name: str) -> No
 
 
 def test_a_hand_placed_sdist_must_be_pypis(tmp_path: Path) -> None:
-    from qcal.eval.bigbench_json import SDIST_FILE, fetch_sdist
+    from qcal.provision.bigbench_json import SDIST_FILE, fetch_sdist
 
     (tmp_path / SDIST_FILE).write_bytes(b"not the BIG-bench sdist")
     with pytest.raises(BigBenchSourceError, match="sha256 .*replace it with PyPI's"):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from qcal.grid.study import cell_key, selector_means, zipf_vs_perplexity
+from qcal.studies.selector_study import cell_key, selector_means, zipf_vs_perplexity
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qcal.eval.stats import mean_ci
-from qcal.grid.study_plots import Point, from_mean_ci, from_test, interval_chart
+from qcal.studies.plots import Point, from_mean_ci, from_test, interval_chart
 
 pytestmark = pytest.mark.unit
 

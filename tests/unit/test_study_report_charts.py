@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from qcal.grid.study_tables import chart_link, write_report
+from qcal.studies.tables import chart_link, write_report
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from qcal.calib import CalibSetError, build_calib, build_windows
-from qcal.calib.base import tokenizer_info
 from qcal.calib.build import check_compatible
+from qcal.calib.manifest import tokenizer_info
 from qcal.data.corpus import Document
 from qcal.eval.divergence import compare_on_ids
 from qcal.eval.perplexity import perplexity_of_ids, window_spans

@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from qcal.grid.zipcal import (
+from qcal.studies.zipcal import (
     by_budget,
     distinct_sets,
     equivalence,

@@ -1,17 +1,16 @@
-"""What the study-table scripts (scripts/study_*_tables.py) share: a section heading that
-says how far a grid has run, and the command line that renders one report from one or
-more grids (one per model) with its provenance."""
+"""What the study reports (`qcal report --study NAME`) share: a section heading that says
+how far a grid has run, and the rendering of one report from one or more grids (one per
+model) with the command that made it."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from qcal.errors import ConfigError, QcalError
+from qcal.errors import ConfigError
+from qcal.paths import qcal_home, results_dir
 from qcal.results import provenance, provenance_markdown, write_results
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct (default model)"
@@ -50,14 +49,10 @@ def dropped_tasks_text(run: Path) -> str:
                    for h in history)
 
 
-def run_script(main: Callable[[], None]) -> None:
-    """Run a study-table script's `main`: bad input (a grid folder that is not one, a grid
-    not run yet) is one line on stderr and exit code 2, not a traceback."""
-    try:
-        main()
-    except QcalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+def report_root() -> Path:
+    """The folder a report names its grids and outputs relative to: qcal's home (in a
+    checkout, the repository)."""
+    return qcal_home().resolve()
 
 
 def chart_path(out: Path, run: Path) -> Path:
@@ -95,30 +90,25 @@ def _recorded_charts(report_json: Path) -> set[str]:
     return {n for n in recorded if isinstance(n, str)} if isinstance(recorded, list) else set()
 
 
-def render_study(root: Path, script: str, description: str, grid_name: str, out_name: str,
+def render_study(study: str, grids: list[Path], out: Path | None, grid_name: str, out_name: str,
                  section: Callable[[Path, Path], tuple[str, dict[str, Any]]], title: str,
                  intro: list[str], caveat: str) -> None:
-    """Parse `--grid` (repeatable; default results/<grid_name>) and `--out` (default
-    results/<out_name>), render `section(grid, chart)` for every grid between `title` +
-    `intro` and `caveat`, and write <out>.md and <out>.json with the command that made them.
-    `chart` is where the section may write its interval chart: `chart_path(out, grid)`."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--grid", type=Path, action="append",
-                   help=f"a {grid_name} grid's results folder (repeatable)")
-    p.add_argument("--out", type=Path, default=root / "results" / out_name,
-                   help="output path without suffix (.md and .json are written)")
-    args = p.parse_args()
-    grids = [g.resolve() for g in (args.grid or [root / "results" / grid_name])]
+    """Render `section(grid, chart)` for every grid (default results/<grid_name>) between
+    `title` + `intro` and `caveat`, and write <out>.md and <out>.json (default
+    results/<out_name>) with the command that made them. `chart` is where the section may
+    write its interval chart: `chart_path(out, grid)`."""
+    root = report_root()
+    out = Path(out) if out is not None else results_dir() / out_name
+    grids = [Path(g).resolve() for g in (grids or [results_dir() / grid_name])]
     sections, data, charts = [], {}, []
     for run in grids:
         if not (run / "cells").is_dir():
             raise ConfigError(f"{run} has no cells yet; run its `qcal compare --config` first")
-        charts.append(chart_path(args.out.resolve(), run))
+        charts.append(chart_path(out.resolve(), run))
         md, data[run.name] = section(run, charts[-1])
         sections.append(md)
-    prov = provenance(command=f"python {script} "
-                      + " ".join(f"--grid {shown(g, root)}" for g in grids)
-                      + f" --out {shown(args.out, root)}")
+    prov = provenance(command="qcal report " + " ".join(shown(g, root) for g in grids)
+                      + f" --study {study} --out {shown(out, root)}")
     md = "\n\n".join([title, provenance_markdown(prov), *intro, *sections, caveat])
-    write_report(args.out.resolve(), {"provenance": prov, "grids": data}, md, charts)
-    print(f"wrote {args.out}.md")
+    write_report(out.resolve(), {"provenance": prov, "grids": data}, md, charts)
+    print(f"wrote {out}.md")

@@ -18,7 +18,7 @@ from typing import Any
 
 from qcal.eval.stats import significant, with_holm
 from qcal.grid.evidence import model_ppl, multiple_comparisons, seed_sorted
-from qcal.grid.multilingual import seeded_test
+from qcal.studies.multilingual import seeded_test
 
 SELECTORS = ["random", "zipf", "perplexity"]
 METHODS = ["gptq", "awq"]

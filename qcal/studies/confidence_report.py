@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The confidence study (issue 15): benchmark accuracy, calibration and drift tables.
 
 Reads the cells of the `study_confidence*` grids (one per model; configs/
@@ -10,7 +9,7 @@ do not run, one calibration draw) and writes two reports:
   grid alone; a second benchmark grid of a model, such as configs/study_lambada_seeds.yaml,
   supplies the tasks it re-ran with more calibration draws):
   lm-eval's own acc, acc_norm and perplexity with stderr and item counts, float and every
-  method, groups with their direct subtasks (qcal.grid.benchmarks), and the grid each
+  method, groups with their direct subtasks (qcal.studies.benchmarks), and the grid each
   row comes from; each method's paired accuracy change from float, and the methods against
   each other (AWQ and GPTQ vs RTN, AWQ vs GPTQ) paired over the same items;
 - confidence: accuracy, ECE, Brier, NLL and gold-answer confidence of the raw choice
@@ -18,27 +17,25 @@ do not run, one calibration draw) and writes two reports:
   on the same items, the per-quartile table, and the test of the published claim that 4-bit
   GPTQ lowers confidence on the gold answer mostly where the float model was unsure (least
   confident quartile vs the rest, on probabilities and on log-odds;
-  qcal.grid.confidence_study).
+  qcal.studies.confidence).
 Each report has a chart per grid (<out>_<grid>.png: accuracy with its stderr interval;
 drift from the float model with its paired-bootstrap interval). A grid that is not
 finished is rendered from the cells it has and says which are missing.
 
-    python scripts/study_confidence_tables.py [--grid results/study_confidence ...]
+    qcal report [results/study_confidence ...] --study confidence
         [--bench-grid results/study_benchmarks ...]
-        [--out-confidence results/confidence] [--out-benchmarks results/benchmarks]
+        [--out results/confidence] [--out-benchmarks results/benchmarks]
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.grid.benchmarks import (  # noqa: E402
+from qcal.grid.runner import grid_progress, saved_spec
+from qcal.paths import results_dir
+from qcal.results import markdown_table, provenance, provenance_markdown
+from qcal.studies.benchmarks import (
     SCORES,
     cell_text,
     combined_table,
@@ -48,8 +45,8 @@ from qcal.grid.benchmarks import (  # noqa: E402
     share_text,
     test_text,
 )
-from qcal.grid.benchmarks import findings as benchmark_findings  # noqa: E402
-from qcal.grid.confidence_study import (  # noqa: E402
+from qcal.studies.benchmarks import findings as benchmark_findings
+from qcal.studies.confidence import (
     CLAIM_KEYS,
     CONTRASTS,
     METRICS,
@@ -58,18 +55,16 @@ from qcal.grid.confidence_study import (  # noqa: E402
     findings,
     study,
 )
-from qcal.grid.runner import grid_progress, saved_spec  # noqa: E402
-from qcal.grid.study_plots import Point, from_test, interval_chart  # noqa: E402
-from qcal.grid.study_tables import (  # noqa: E402
+from qcal.studies.plots import Point, from_test, interval_chart
+from qcal.studies.tables import (
     chart_link,
     chart_path,
     grid_heading,
     model_label,
-    run_script,
+    report_root,
     shown,
     write_report,
 )
-from qcal.results import markdown_table, provenance, provenance_markdown  # noqa: E402
 
 
 def benchmark_rows(rows: list[dict[str, Any]], names: list[str]) -> list[list[object]]:
@@ -104,7 +99,7 @@ def bench_section(run: Path, supplements: list[Path], conf_grids: list[Path], ch
     tasks that the confidence grid of the same model ran and the benchmark grid left to it;
     `chart`: where its accuracy chart goes."""
     spec, cells, missing = grid_progress(run)
-    head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
+    head = grid_heading(run, report_root(), spec, len(cells), missing, _limits(spec))
     # A task comes from the first source that ran it: supplements go first.
     sources, names = [], []
     for extra in supplements:
@@ -115,13 +110,13 @@ def bench_section(run: Path, supplements: list[Path], conf_grids: list[Path], ch
         done = f"{len(extra_cells)} of {len(extra_cells) + len(extra_missing)}"
         if extra_missing:
             # Half a supplement would replace whole rows with fewer methods or draws.
-            head.append(f"`{shown(extra, ROOT)}` (re-runs {', '.join(extra_tasks)} with "
+            head.append(f"`{shown(extra, report_root())}` (re-runs {', '.join(extra_tasks)} with "
                         f"calibration seeds {seeds}) is left out until it is finished "
                         f"(cells finished: {done}).")
             continue
         sources.append((extra_cells, extra_tasks))
         names.append(extra.name)
-        head.append(f"{', '.join(extra_tasks)} from `{shown(extra, ROOT)}` instead, which "
+        head.append(f"{', '.join(extra_tasks)} from `{shown(extra, report_root())}` instead, which "
                     f"re-ran {'them' if len(extra_tasks) > 1 else 'it'} with calibration seeds "
                     f"{seeds} (cells finished: {done}{_limits(extra_spec)}; its calibrated "
                     "methods have one row per method, the mean over its seeds).")
@@ -135,7 +130,7 @@ def bench_section(run: Path, supplements: list[Path], conf_grids: list[Path], ch
             continue
         sources.append((conf_cells, list(conf_spec.get("tasks") or [])))
         names.append(conf.name)
-        head.append(f"Tasks only the confidence grid runs come from `{shown(conf, ROOT)}` "
+        head.append(f"Tasks only the confidence grid runs come from `{shown(conf, report_root())}` "
                     f"(cells finished: {len(conf_cells)} of {len(conf_cells) + len(conf_missing)}"
                     f"{_limits(conf_spec)}; its calibrated methods have one row per method, "
                     "the mean over its seeds).")
@@ -262,19 +257,19 @@ def _limits(spec: dict[str, Any]) -> str:
             + "".join(f", {task}: {n} per subtask" for task, n in sorted(own.items())))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grid", type=Path, action="append", help="confidence grid (repeatable)")
-    p.add_argument("--bench-grid", type=Path, action="append",
-                   help="benchmark grid (repeatable; default: results/study_benchmarks*); a "
-                        "model's first heads its section, a later one of the same model "
-                        "supplies the tasks it re-ran")
-    p.add_argument("--out-confidence", type=Path, default=ROOT / "results" / "confidence")
-    p.add_argument("--out-benchmarks", type=Path, default=ROOT / "results" / "benchmarks")
-    args = p.parse_args()
-    grids = [g.resolve() for g in (args.grid or [ROOT / "results" / "study_confidence"])]
-    bench_grids = [g.resolve() for g in (args.bench_grid or sorted(
-        g for g in (ROOT / "results").glob("study_benchmarks*") if (g / "cells").is_dir()))]
+def render(grids: list[Path], out: Path | None = None, bench_grids: list[Path] | None = None,
+           out_benchmarks: Path | None = None) -> None:
+    """Write the confidence report (`out`, default results/confidence) from the confidence
+    grids (default results/study_confidence) and the benchmarks report (default
+    results/benchmarks) from the benchmark grids (default: results/study_benchmarks*). A
+    model's first benchmark grid heads its section, a later one of the same model supplies
+    the tasks it re-ran."""
+    out_confidence = Path(out) if out is not None else results_dir() / "confidence"
+    out_benchmarks = Path(out_benchmarks) if out_benchmarks is not None else (
+        results_dir() / "benchmarks")
+    grids = [Path(g).resolve() for g in (grids or [results_dir() / "study_confidence"])]
+    bench_grids = [Path(g).resolve() for g in (bench_grids or sorted(
+        g for g in results_dir().glob("study_benchmarks*") if (g / "cells").is_dir()))]
     conf_parts, bench_parts, data, bench_data = [], [], {}, {}
     # A model's first benchmark grid heads its section; a later one of the same model is a
     # supplement that re-ran some of its tasks with more calibration draws.
@@ -285,8 +280,8 @@ def main() -> None:
     # so a model is never missing from benchmarks.md while its benchmark grid runs.
     bench_sources = [runs[0] for runs in by_model.values()] + [
         g for g in grids if saved_spec(g).get("model") not in by_model]
-    bench_charts = [chart_path(args.out_benchmarks.resolve(), run) for run in bench_sources]
-    conf_charts = [chart_path(args.out_confidence.resolve(), run) for run in grids]
+    bench_charts = [chart_path(out_benchmarks.resolve(), run) for run in bench_sources]
+    conf_charts = [chart_path(out_confidence.resolve(), run) for run in grids]
     for run, chart in zip(bench_sources, bench_charts, strict=True):
         heads_a_model = run in bench_grids
         supplements = by_model[saved_spec(run).get("model")][1:] if heads_a_model else []
@@ -297,7 +292,7 @@ def main() -> None:
         spec, cells, missing = grid_progress(run)
         per_task = study(cells, list(spec.get("tasks") or []))
         data[run.name] = {"spec": spec, "missing": missing, "tasks": per_task}
-        head = grid_heading(run, ROOT, spec, len(cells), missing, _limits(spec))
+        head = grid_heading(run, report_root(), spec, len(cells), missing, _limits(spec))
         drift, quartiles, contrasts = drift_rows(per_task)
         link = drift_chart(chart, per_task, model_label(spec))
         conf_parts += [*head,
@@ -334,9 +329,9 @@ def main() -> None:
                                       contrasts),
                        "### Findings (computed from the tables above)",
                        "\n".join(findings(per_task)) or "(no quantized cells yet)"]
-    command = ("python scripts/study_confidence_tables.py "
-               + " ".join(f"--grid {shown(g, ROOT)}" for g in grids)
-               + "".join(f" --bench-grid {shown(g, ROOT)}" for g in bench_grids))
+    command = ("qcal report " + " ".join(shown(g, report_root()) for g in grids)
+               + " --study confidence"
+               + "".join(f" --bench-grid {shown(g, report_root())}" for g in bench_grids))
     prov = provenance(command=command)
     intro = ("lm-eval 0.4.13's own task definitions on the offline benchmark data "
              "(`qcal provision --only benchmarks`; sources and licences in "
@@ -362,15 +357,12 @@ def main() -> None:
                    "item is right when its whole continuation is the greedy one (lm-eval's "
                    "acc); its perplexity gets no test. confidence.md's Δacc differs where a method has "
                    "several seeds: it scores the seeds' averaged probabilities.")
-    write_report(args.out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
+    write_report(out_benchmarks.resolve(), {"provenance": prov, "grids": bench_data},
                  "\n\n".join(["# Benchmarks: float and 4-bit methods on real lm-eval tasks",
                               provenance_markdown(prov), intro, bench_intro, *bench_parts]),
                  bench_charts)
-    write_report(args.out_confidence.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
+    write_report(out_confidence.resolve(), {"provenance": prov, "grids": data}, "\n\n".join(
         ["# Confidence calibration and drift under 4-bit quantization", provenance_markdown(prov),
          intro, *conf_parts]), conf_charts)
-    print(f"wrote {args.out_benchmarks}.md and {args.out_confidence}.md")
+    print(f"wrote {out_benchmarks}.md and {out_confidence}.md")
 
-
-if __name__ == "__main__":
-    run_script(main)

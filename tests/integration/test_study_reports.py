@@ -1,4 +1,4 @@
-"""The study-table scripts render from real grid folders and refuse bad ones in one line."""
+"""`qcal report --study NAME` renders from real grid folders and refuses bad ones in one line."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script(name: str, *args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / f"study_{name}_tables.py"),
+def _report(name: str, *args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qcal", "report", "--study", name,
                            *map(str, args)], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
 
@@ -32,7 +32,7 @@ def test_committed_study_grids_render_with_holm(name: str, grid: str, family: st
                                                 tmp_path: Path) -> None:
     if not (ROOT / "results" / grid / "cells").is_dir():
         pytest.skip(f"results/{grid} is not in this checkout")
-    done = _script(name, "--grid", ROOT / "results" / grid, "--out", tmp_path / name)
+    done = _report(name, ROOT / "results" / grid, "--out", tmp_path / name)
     assert done.returncode == 0, done.stderr
     md = (tmp_path / f"{name}.md").read_text()
     assert "p (Holm)" in md and family in md
@@ -40,16 +40,17 @@ def test_committed_study_grids_render_with_holm(name: str, grid: str, family: st
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({chart.name})" in md
     data = json.loads((tmp_path / f"{name}.json").read_text())
     # The command names the grid inside the repository and the output outside it as is.
-    assert f"--grid results/{grid} --out {tmp_path / name}" in data["provenance"]["command"]
+    command = f"qcal report results/{grid} --study {name} --out {tmp_path / name}"
+    assert data["provenance"]["command"] == command
 
 
 @pytest.mark.parametrize("name", ["zipcal", "multilingual", "confidence"])
 def test_a_folder_without_a_grid_is_one_line_and_exit_2(name: str, tmp_path: Path) -> None:
-    args = ["--grid", tmp_path / "nothing"]
+    args = [tmp_path / "nothing"]
     args += ["--bench-grid", tmp_path / "nothing"] if name == "confidence" else []
-    done = _script(name, *args)
+    done = _report(name, *args)
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("qcal report: error: ")
     assert "nothing" in done.stderr and "qcal compare" in done.stderr
     assert not list(tmp_path.iterdir())  # nothing written
 
@@ -65,8 +66,8 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
                     seqlen=32, eval_seqlen=32, max_windows=2, eval_text_file=str(evaluation),
                     tasks=("qcal_nextsent_en",), confidence=True, limit=8, seed=(0, 1))
     GridRunner(spec, tmp_path / "grid", tmp_path / "work", progress=False).run()
-    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
-                   "--out-confidence", tmp_path / "conf", "--out-benchmarks", tmp_path / "bench")
+    done = _report("confidence", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
+                   "--out", tmp_path / "conf", "--out-benchmarks", tmp_path / "bench")
     assert done.returncode == 0, done.stderr
     conf = (tmp_path / "conf.md").read_text()
     assert "| p (Holm) |" in conf and "| qcal_nextsent_en | gptq | 2 | 8 |" in conf
@@ -93,8 +94,8 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     saved = json.loads(grid_file.read_text())
     saved["spec"].update(tasks=[], confidence=False)
     grid_file.write_text(json.dumps(saved))
-    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid",
-                   tmp_path / "bench_grid", "--out-confidence", tmp_path / "conf2",
+    done = _report("confidence", tmp_path / "grid", "--bench-grid",
+                   tmp_path / "bench_grid", "--out", tmp_path / "conf2",
                    "--out-benchmarks", tmp_path / "bench2")
     assert done.returncode == 0, done.stderr
     bench = (tmp_path / "bench2.md").read_text()
@@ -108,8 +109,8 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     saved = json.loads(grid_file.read_text())
     saved["spec"]["model"] = "another-model"
     grid_file.write_text(json.dumps(saved))
-    done = _script("confidence", "--grid", tmp_path / "grid", "--grid", tmp_path / "other_model",
-                   "--bench-grid", tmp_path / "bench_grid", "--out-confidence",
+    done = _report("confidence", tmp_path / "grid", tmp_path / "other_model",
+                   "--bench-grid", tmp_path / "bench_grid", "--out",
                    tmp_path / "conf3", "--out-benchmarks", tmp_path / "bench3")
     assert done.returncode == 0, done.stderr
     bench = (tmp_path / "bench3.md").read_text()
@@ -119,8 +120,8 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     # A second benchmark grid of the same model re-ran the task with more draws: the
     # model keeps one section, headed by its first grid, and the task comes from the second.
     shutil.copytree(tmp_path / "grid", tmp_path / "seeded")
-    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
-                   "--bench-grid", tmp_path / "seeded", "--out-confidence", tmp_path / "conf4",
+    done = _report("confidence", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
+                   "--bench-grid", tmp_path / "seeded", "--out", tmp_path / "conf4",
                    "--out-benchmarks", tmp_path / "bench4")
     assert done.returncode == 0, done.stderr
     bench = (tmp_path / "bench4.md").read_text()
@@ -130,8 +131,8 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     assert rows and all(line.endswith("| seeded |") for line in rows)
     # An unfinished supplement is left out, and says so, rather than replace whole rows.
     next(iter((tmp_path / "seeded" / "cells").glob("*gptq*.json"))).unlink()
-    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
-                   "--bench-grid", tmp_path / "seeded", "--out-confidence", tmp_path / "conf4",
+    done = _report("confidence", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
+                   "--bench-grid", tmp_path / "seeded", "--out", tmp_path / "conf4",
                    "--out-benchmarks", tmp_path / "bench4")
     assert done.returncode == 0, done.stderr
     bench = (tmp_path / "bench4.md").read_text()
@@ -141,9 +142,24 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
 
     # Re-rendered from the other benchmark grid, the report links that grid's chart and
     # removes the one of the grid it no longer shows; the confidence chart stays.
-    done = _script("confidence", "--grid", tmp_path / "grid", "--bench-grid",
-                   tmp_path / "bench_grid", "--out-confidence", tmp_path / "conf",
+    done = _report("confidence", tmp_path / "grid", "--bench-grid",
+                   tmp_path / "bench_grid", "--out", tmp_path / "conf",
                    "--out-benchmarks", tmp_path / "bench")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "bench_bench_grid.png").is_file() and (tmp_path / "conf_grid.png").is_file()
     assert not (tmp_path / "bench_grid.png").exists()
+
+
+def test_report_refuses_an_unknown_study_and_misplaced_options(tmp_path: Path, capsys) -> None:
+    from qcal.cli import main
+
+    for argv, says in ((["--study", "nope"], "choose from zipcal, multilingual"),
+                       ([], "needs a grid folder"),
+                       ([str(tmp_path), "--out", str(tmp_path / "x")], "go with --study"),
+                       (["--study", "zipcal", "--bench-grid", str(tmp_path)], "not zipcal"),
+                       (["--study", "selection", "--out", str(tmp_path / "x")], "drop --out"),
+                       (["--study", "selection", str(tmp_path)], "grids named")):
+        assert main(["report", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("qcal report: error: ") and says in err, err
+    assert not list(tmp_path.iterdir())  # nothing written

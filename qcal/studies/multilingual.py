@@ -5,7 +5,7 @@ seeds, test every set against English-only calibration and against RTN on all la
 windows pooled, test language-matched calibration on each language's own windows
 (`qcal.eval.stats.seeded_ppl_test`: windows paired, seeds resampled per side), and turn
 the results into findings set against the published ones.
-scripts/study_multilingual_tables.py renders them.
+qcal.studies.multilingual_report renders them.
 """
 
 from __future__ import annotations

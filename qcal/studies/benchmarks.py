@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from qcal.eval.stats import paired_mean_test, significant, with_holm
-from qcal.grid.confidence_study import by_method
 from qcal.grid.evidence import model_lm_eval
 from qcal.grid.spec import FLOAT_CELL
+from qcal.studies.confidence import by_method
 
 SCORES = ("acc", "acc_norm", "perplexity")
 

@@ -1,6 +1,6 @@
 """Provision qcal's offline text corpora (run once; rerunning is cheap and safe).
 
-    qcal provision --only data   (or: python -m qcal.data.provision [--data-dir DIR]
+    qcal provision --only data   (or: python -m qcal.provision.data [--data-dir DIR]
                                   [--sources debian-handbook,...] [--deb PATH] [--force])
 
 debian-handbook: ``apt-get download debian-handbook`` into ``<data>/cache/`` (reused
@@ -33,8 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from qcal.data import corpus, handbook, langid, sources
+from qcal.data import corpus, langid, sources
 from qcal.fsio import sha256_file
+from qcal.provision import handbook
 
 T0 = time.monotonic()
 ALL_SOURCES = ("debian-handbook", "wiki-summaries")

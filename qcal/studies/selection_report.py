@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Multilingual-calibration and ZipCal tables of the issue-8 study (one seed, small budget).
 
 Reads the cells of the two grids run by `scripts/run_study_grid.sh`
@@ -7,23 +6,21 @@ each grid's cells. (results/multilingual.md and results/zipcal.md belong to the 
 issue-15 studies, scripts/run_evidence_studies.sh, which supersede these.) Every number comes
 from the grid's cells (and, for selection cost, results/selectors.json); the
 comparison with the published findings is computed from those numbers.
-Run: python scripts/study_tables.py
+Run: qcal report --study selection [results/multilingual_grid results/zipcal_grid]
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from statistics import mean
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.grid import FLOAT_CELL, load_cells  # noqa: E402
-from qcal.grid.report import confidence_rows, ppl_table  # noqa: E402
-from qcal.grid.study import cell_key, selector_means, zipf_vs_perplexity  # noqa: E402
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results  # noqa: E402
+from qcal.errors import ConfigError
+from qcal.grid import FLOAT_CELL, load_cells
+from qcal.grid.report import confidence_rows, ppl_table
+from qcal.paths import results_dir
+from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.selector_study import cell_key, selector_means, zipf_vs_perplexity
 
 SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
 MIXES = ["mix:study10", "mix:en-heavy", "mix:study5"]
@@ -47,7 +44,7 @@ def rows_for(selectors: list[str], methods: list[str], table: dict, langs: list[
     return rows
 
 
-def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
+def multilingual(run: Path, cells: dict, table: dict, langs: list[str], prov: dict) -> None:
     methods = [m for m in ("gptq", "awq") if any(cell_key(s, m) in table for s in SINGLE)]
     ref_rows = [[name, "-", *[table[k].get(lang, float("nan")) for lang in langs],
                  mean(table[k][lang] for lang in langs)]
@@ -105,7 +102,7 @@ def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None
                 "calibrating on one language can cost the others more than plain rounding: "
                 + ", ".join(worse) + ".")
     plots = [p for p in ("heatmap_gptq.png", "heatmap_awq.png")
-             if (ROOT / "results" / "multilingual_grid" / p).is_file()]
+             if (run / p).is_file()]
     md = "\n\n".join([
         "# Multilingual calibration on SmolLM2-135M (small-scale reproduction)",
         provenance_markdown(prov),
@@ -122,10 +119,10 @@ def multilingual(cells: dict, table: dict, langs: list[str], prov: dict) -> None
         "are themselves dequantized Q4_1, so differences of a few tenths are within noise.",
         *[f"![{p}]({p})" for p in plots],  # beside the tables, in the grid folder
     ])
-    write_results(ROOT / "results" / "multilingual_grid" / "tables", data, md)
+    write_results(run / "tables", data, md)
 
 
-def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
+def zipcal(run: Path, cells: dict, table: dict, langs: list[str], prov: dict) -> None:
     methods = [m for m in ("gptq", "awq") if any(cell_key(s, m) in table for s in ZIPCAL)]
     stats = {}
     for sel in ZIPCAL:
@@ -184,7 +181,7 @@ def zipcal(cells: dict, table: dict, langs: list[str], prov: dict) -> None:
         markdown_table(["cell", "task", "acc", "ece", "d_conf_true"], acc_rows, ".3f"),
         "## Findings", "\n".join(findings) or "(no finished cells yet)", cost_line,
     ])
-    write_results(ROOT / "results" / "zipcal_grid" / "tables",
+    write_results(run / "tables",
                   {"provenance": prov, "perplexity": table, "calibration_stats": stats,
                    "findings": findings}, md)
 
@@ -212,7 +209,7 @@ def grid_provenance(run: Path, cells: dict) -> dict:
     commits = sorted({p.get("git_commit") for p in cell_prov if p.get("git_commit")})
     return provenance(
         command=f"bash scripts/run_study_grid.sh  (= qcal compare --config configs/{run.name}.yaml; "
-                "then scripts/study_tables.py)",
+                "then qcal report --study selection)",
         grid=", ".join(f"{k}={v}" for k, v in spec.items() if v not in (None, [], ())),
         model="SmolLM2-135M-Instruct (default model)",
         data=f"calibration: {spec['source']} calib split, {spec['nsamples']} x {spec['seqlen']} "
@@ -225,17 +222,24 @@ def grid_provenance(run: Path, cells: dict) -> dict:
     )
 
 
-def main() -> None:
-    for name, render in (("multilingual_grid", multilingual), ("zipcal_grid", zipcal)):
-        run = ROOT / "results" / name
+RENDERERS = {"multilingual_grid": multilingual, "zipcal_grid": zipcal}
+
+
+def render(grids: list[Path], out: Path | None = None) -> None:
+    """Write tables.{md,json} beside each grid's cells (default: both grids of the study,
+    results/multilingual_grid and results/zipcal_grid; a grid is known by its name)."""
+    if out is not None:
+        raise ConfigError("--study selection writes tables.md beside each grid; drop --out")
+    runs = [Path(g) for g in grids] or [results_dir() / name for name in RENDERERS]
+    unknown = [str(run) for run in runs if run.name not in RENDERERS]
+    if unknown:
+        raise ConfigError(f"--study selection renders the grids named {' and '.join(RENDERERS)}, "
+                          f"not {', '.join(unknown)}")
+    for run in runs:
         if not (run / "cells").is_dir():
             print(f"{run} has no cells yet; run scripts/run_study_grid.sh")
             continue
         cells = load_cells(run)
         langs, table = ppl_table(cells)
-        render(cells, table, langs, grid_provenance(run, cells))
-        print(f"rendered {name}")
-
-
-if __name__ == "__main__":
-    main()
+        RENDERERS[run.name](run, cells, table, langs, grid_provenance(run, cells))
+        print(f"rendered {run.name}")

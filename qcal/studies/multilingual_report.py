@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The multilingual calibration study with seeds (issue 15): tables, tests and findings.
 
 Reads the cells of one or more `study_multilingual*` grids (one per model; configs/
@@ -11,24 +10,21 @@ windows (paired) and calibration draws (`qcal.eval.stats.seeded_ppl_test`). The 
 are computed from those numbers and compared with the published ones. A grid that is not
 finished is rendered from the cells it has and says which are missing.
 
-    python scripts/study_multilingual_tables.py [--grid results/study_multilingual ...]
-                                                [--out results/multilingual]
+    qcal report [results/study_multilingual ...] --study multilingual [--out results/multilingual]
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.eval.stats import mean_ci, mean_ci_text, verdict  # noqa: E402
-from qcal.grid import FLOAT_CELL  # noqa: E402
-from qcal.grid.evidence import model_ppl  # noqa: E402
-from qcal.grid.multilingual import (  # noqa: E402
+from qcal.eval.stats import mean_ci, mean_ci_text, verdict
+from qcal.grid import FLOAT_CELL
+from qcal.grid.evidence import model_ppl
+from qcal.grid.runner import grid_progress
+from qcal.results import markdown_table
+from qcal.studies.multilingual import (
     METHODS,
     MIXES,
     SINGLE,
@@ -39,16 +35,14 @@ from qcal.grid.multilingual import (  # noqa: E402
     matched_language,
     versus_baseline,
 )
-from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
-from qcal.grid.study_tables import (  # noqa: E402
+from qcal.studies.plots import from_mean_ci, interval_chart
+from qcal.studies.tables import (
     chart_link,
     grid_heading,
     model_label,
     render_study,
-    run_script,
+    report_root,
 )
-from qcal.results import markdown_table  # noqa: E402
 
 
 def ppl_table(cells: dict[str, dict[str, Any]], groups: dict, langs: list[str]
@@ -103,7 +97,7 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
     langs = list(spec["eval_langs"])
     groups = by_setting(cells)
     rows, table = ppl_table(cells, groups, langs)
-    parts = [*grid_heading(run, ROOT, spec, len(cells), missing),
+    parts = [*grid_heading(run, report_root(), spec, len(cells), missing),
              f"Perplexity per language: mean over calibration seeds ± the half-width of its "
              f"95% t-interval; {spec['nsamples']} x {spec['seqlen']} calibration tokens per "
              f"set and seed, the first {spec.get('max_windows')} held-out windows of 512 "
@@ -142,10 +136,11 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
     return "\n\n".join(parts), data
 
 
-def main() -> None:
+def render(grids: list[Path], out: Path | None = None) -> None:
+    """Write the multilingual study's report (default results/multilingual) from its grids
+    (default results/study_multilingual)."""
     render_study(
-        ROOT, "scripts/study_multilingual_tables.py", __doc__.splitlines()[0],
-        "study_multilingual", "multilingual", grid_section,
+        "multilingual", grids, out, "study_multilingual", "multilingual", grid_section,
         "# Multilingual calibration: seeds, intervals and paired tests",
         ["Five single-language calibration sets (en, de, ru, zh, ar: four scripts) and three "
          "mixes (`study10`: equal shares of en, de, fr, es, it, pt, ru, ja, zh, ar; `en-heavy`: "
@@ -163,6 +158,3 @@ def main() -> None:
         "dequantized GGUF/Q4 files, so the size of an effect is not comparable with the "
         "8B-scale papers, only its direction; three seeds give wide intervals.")
 
-
-if __name__ == "__main__":
-    run_script(main)

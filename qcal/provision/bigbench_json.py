@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from qcal.errors import QcalError
+from qcal.eval.benchmarks import BIGBENCH_SDIST_FILE as SDIST_FILE
 from qcal.fsio import sha256_file
 
 SDIST = "bigbench==1.0.0"
-SDIST_FILE = "bigbench-1.0.0.tar.gz"
 # PyPI's file, as downloaded before the registry withdrew it (2026-12-04): a copy put into
 # the cache by hand must be this one, or the tasks would silently differ from our results.
 SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"

@@ -1,6 +1,6 @@
 """Pure helpers that turn a grid's perplexity table into the study's findings.
 
-Kept apart from scripts/study_tables.py so the comparisons (which selector is
+Kept apart from qcal.studies.selection_report so the comparisons (which selector is
 which, who beats whom) are unit-tested rather than eyeballed.
 """
 

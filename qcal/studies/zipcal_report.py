@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The ZipCal study with seeds and budgets (issue 15): tables, tests, cost and findings.
 
 Reads the cells of one or more `study_zipcal*` grids (one per model; configs/
@@ -11,33 +10,29 @@ each pair tested over paired evaluation windows and each side's seeds
 each selection cost. A grid that is not finished is rendered from the cells it has and
 says which are missing.
 
-    python scripts/study_zipcal_tables.py [--grid results/study_zipcal ...]
-                                          [--out results/zipcal]
+    qcal report [results/study_zipcal ...] --study zipcal [--out results/zipcal]
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from qcal.eval.stats import mean_ci, mean_ci_text, verdict  # noqa: E402
-from qcal.grid.evidence import model_ppl  # noqa: E402
-from qcal.grid.runner import grid_progress  # noqa: E402
-from qcal.grid.spec import FLOAT_CELL  # noqa: E402
-from qcal.grid.study_plots import from_mean_ci, interval_chart  # noqa: E402
-from qcal.grid.study_tables import (  # noqa: E402
+from qcal.eval.stats import mean_ci, mean_ci_text, verdict
+from qcal.grid.evidence import model_ppl
+from qcal.grid.runner import grid_progress
+from qcal.grid.spec import FLOAT_CELL
+from qcal.results import markdown_table
+from qcal.studies.plots import from_mean_ci, interval_chart
+from qcal.studies.tables import (
     chart_link,
     grid_heading,
     model_label,
     render_study,
-    run_script,
+    report_root,
 )
-from qcal.grid.zipcal import (  # noqa: E402
+from qcal.studies.zipcal import (
     EQUIVALENCE_MARGIN,
     SELECTORS,
     by_budget,
@@ -47,7 +42,6 @@ from qcal.grid.zipcal import (  # noqa: E402
     pair_tests,
     selection_cost,
 )
-from qcal.results import markdown_table  # noqa: E402
 
 
 def ppl_chart(chart: Path, cells: dict[str, dict[str, Any]], groups: dict, langs: list[str],
@@ -88,7 +82,7 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
                   f"[{100 * t['ci_low'] / t['ppl_b']:+.2f}%, {100 * t['ci_high'] / t['ppl_b']:+.2f}%]",
                   f"{t['p']:.3g}", f"{t['p_holm']:.3g}", verdict(t), t["equivalence"]]
                  for t in tests]
-    parts = [*grid_heading(run, ROOT, spec, len(cells), missing),
+    parts = [*grid_heading(run, report_root(), spec, len(cells), missing),
              f"Perplexity on {', '.join(langs)} (held-out windows of 512 tokens"
              + (f", the first {spec['max_windows']}" if spec.get("max_windows") else ", all")
              + "): mean over calibration seeds ± the half-width of its 95% t-interval; "
@@ -115,9 +109,11 @@ def grid_section(run: Path, chart: Path) -> tuple[str, dict[str, Any]]:
                                 "selection_seconds": cost, "findings": found}
 
 
-def main() -> None:
+def render(grids: list[Path], out: Path | None = None) -> None:
+    """Write the zipcal study's report (default results/zipcal) from its grids (default
+    results/study_zipcal)."""
     render_study(
-        ROOT, "scripts/study_zipcal_tables.py", __doc__.splitlines()[0], "study_zipcal",
+        "zipcal", grids, out, "study_zipcal",
         "zipcal", grid_section,
         "# ZipCal: random vs Zipf-diverse vs perplexity-based calibration selection",
         ["Every selector draws from the same English calibration pool of the handbook at each "
@@ -129,6 +125,3 @@ def main() -> None:
         "Caveats: small models whose float weights are dequantized GGUF/Q4 files; the "
         "perplexity selector scores the pool with the float model being quantized.")
 
-
-if __name__ == "__main__":
-    run_script(main)

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from lxml import etree, html
 
-from .corpus import Document
-from .langid import detect_language, is_language, latin_scores
+from qcal.data.corpus import Document
+from qcal.data.langid import detect_language, is_language, latin_scores
 
 SOURCE = "debian-handbook"
 HTML_SUBDIR = Path("usr/share/doc/debian-handbook/html")

@@ -1,0 +1,35 @@
+"""`qcal report GRID... --study NAME`: a study's report from its grids.
+
+Each study renders in its own module (`render(grids, out, ...)`, defaults under results/);
+this table names them. The CLI reaches it lazily, so the core never imports a study.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from qcal.errors import ConfigError
+
+STUDIES = {
+    "zipcal": "qcal.studies.zipcal_report",
+    "multilingual": "qcal.studies.multilingual_report",
+    "confidence": "qcal.studies.confidence_report",  # and the benchmarks report
+    "selection": "qcal.studies.selection_report",  # the issue-8 tables beside their grids
+}
+
+
+def render_study(name: str, grids: list[Path], out: Path | None = None,
+                 bench_grids: list[Path] | None = None,
+                 out_benchmarks: Path | None = None) -> None:
+    """Render study `name` from `grids` (its default grids when empty) into `out`."""
+    if name not in STUDIES:
+        raise ConfigError(f"--study {name!r} is unknown; choose from {', '.join(STUDIES)}")
+    module = importlib.import_module(STUDIES[name])
+    if name == "confidence":
+        module.render(grids, out, bench_grids, out_benchmarks)
+        return
+    if bench_grids or out_benchmarks is not None:
+        raise ConfigError(f"--bench-grid and --out-benchmarks belong to --study confidence, "
+                          f"not {name}")
+    module.render(grids, out)
