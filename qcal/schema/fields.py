@@ -1,0 +1,176 @@
+"""Building blocks of the input schema: value types with their ranges, the plain-name and
+source rules, and the one-line rendering of a validation error.
+
+Every rule here is data pydantic enforces; the messages name the value, the allowed range
+and a fix, so `qcal` can print them as its one error line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from qcal.errors import ConfigError
+
+# Strict: YAML's "false" (a string) or 0 is never taken for a boolean.
+Flag = StrictBool
+Seed = Annotated[int, Field(ge=0, description="an integer >= 0", examples=[0])]
+Count = Annotated[int, Field(ge=1, description="an integer >= 1")]
+SeqLen = Annotated[int, Field(ge=2, description="an integer >= 2 (tokens per window)",
+                              examples=[512])]
+Damp = Annotated[float, Field(gt=0, lt=1, description="a fraction in (0, 1)", examples=[0.01])]
+NonNegative = Annotated[int, Field(ge=0, description="an integer >= 0")]
+
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _plain(value: str, what: str = "name") -> str:
+    from qcal.fsio import plain_name
+
+    try:
+        return plain_name(value, what)
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+
+
+def plain_list(text: str | None, what: str) -> list[str]:
+    """A comma-separated list of plain names (languages, tasks): each checked."""
+    return [_plain(x.strip(), what) for x in (text or "").split(",") if x.strip()]
+
+
+def check_device(value: str) -> str:
+    if not DEVICE.match(str(value).strip().lower()):
+        raise ValueError(f"{value!r} is not a device; use cpu, cuda, cuda:N or auto")
+    return value
+
+
+Device = Annotated[str, AfterValidator(check_device)]
+PlainName = Annotated[str, AfterValidator(_plain)]
+
+
+def check_source(spec: str) -> str:
+    """A text source is a path that exists, hf:<dataset>, or a plain corpus/set name: never a
+    name that climbs out of the corpus folder (`../../x`)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("a source is a packaged corpus name, a .txt/.jsonl path or hf:<name>")
+    if spec.startswith("hf:") or Path(spec).expanduser().exists():
+        return spec
+    if Path(spec).suffix.lower() in (".txt", ".jsonl", ".json", ".md"):
+        raise ValueError(f"file {spec} does not exist; give an existing .txt/.jsonl file")
+    _plain(spec, "corpus name")
+    return spec
+
+
+Source = Annotated[str, AfterValidator(check_source)]
+
+
+def check_selector(spec: str) -> str:
+    """Languages named inside a selector (ml:<lang>, mix:<lang>=w) are plain names."""
+    head, _, arg = spec.strip().partition(":")
+    if not head:
+        raise ValueError("a selector needs a name, e.g. random, zipf, ml:de or mix:uniform")
+    if head in ("ml", "mix"):
+        for part in arg.split(","):
+            lang = part.partition("=")[0].strip()
+            if lang:
+                _plain(lang, "language")
+    return spec
+
+
+Selector = Annotated[str, AfterValidator(check_selector)]
+
+
+def existing_file(path: Path) -> Path:
+    if not Path(path).expanduser().is_file():
+        raise ValueError(f"file {path} does not exist; give the path of an existing file")
+    return path
+
+
+def existing_dir(path: Path) -> Path:
+    if not Path(path).expanduser().is_dir():
+        raise ValueError(f"directory {path} does not exist; give an existing directory")
+    return path
+
+
+ExistingFile = Annotated[Path, AfterValidator(existing_file)]
+ExistingDir = Annotated[Path, AfterValidator(existing_dir)]
+
+
+class Options(BaseModel):
+    """Base of every schema model: unknown fields are errors, values are checked on
+    assignment too, and nothing is coerced into a boolean."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+def did_you_mean(word: str, known: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _allowed(model: type[BaseModel], field: str) -> str:
+    info = model.model_fields.get(field)
+    if info is None:
+        return ""
+    bits = [m.description for m in info.metadata if getattr(m, "description", None)]
+    if info.description:
+        bits.append(info.description)
+    return bits[0] if bits else ""
+
+
+def _example(model: type[BaseModel], field: str) -> Any:
+    info = model.model_fields.get(field)
+    if info is None:
+        return None
+    for m in [info, *info.metadata]:
+        examples = getattr(m, "examples", None)
+        if examples:
+            return examples[0]
+    default = info.default
+    return None if default is None or isinstance(default, (bool, dict, list, tuple)) else default
+
+
+BOUNDS = {"ge": ">= {}", "gt": "> {}", "le": "<= {}", "lt": "< {}"}
+
+
+def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: Any = str) -> str:
+    """The first problem of `err` as one line: which field, which value, what is allowed, and
+    the fix. `label(field)` spells the field as the user wrote it (`--seed`, `grid key seed`);
+    `show(value)` the value (the CLI's are strings; a YAML's type matters, so repr there)."""
+    first = err.errors(include_url=False)[0]
+    loc = [str(x) for x in first.get("loc", ())]
+    field = loc[0] if loc else ""
+    where = label(field)
+    value = first.get("input")
+    msg = str(first.get("msg", "invalid"))
+    if first.get("type") == "extra_forbidden":
+        known = sorted(model.model_fields)
+        return f"{where} is not a known setting; {did_you_mean(field, known)}known: {', '.join(known)}"
+    if msg.startswith(("Value error, ", "Assertion failed, ")):
+        text = msg.split(", ", 1)[1]
+        return f"{where} {show(value)}: {text}" if field else text
+    msg = msg[0].lower() + msg[1:]
+    allowed = _allowed(model, field)
+    ctx = first.get("ctx") or {}
+    if not allowed:
+        allowed = " and ".join(BOUNDS[k].format(v) for k, v in ctx.items() if k in BOUNDS)
+    example = _example(model, field)
+    bound = next((v for k, v in ctx.items() if k in ("ge", "le")), None)
+    if example is None and bound is not None:
+        example = bound
+    fix = f"; e.g. {label(field)} {example}" if example is not None else ""
+    return (f"{where} {show(value)} is invalid ({msg})"
+            + (f"; allowed: {allowed}" if allowed else "") + fix)
+
+
+def validate(model: type[BaseModel], data: dict[str, Any], label: Any,
+             show: Any = str) -> BaseModel:
+    """`model(**data)` or a ConfigError with one line naming field, value, range and fix."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(error_line(err, model, label, show)) from None
