@@ -11,27 +11,34 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="run a calibration-set x method grid (cached, resumable)")
     p.add_argument("--config", type=Path, default=None, help="grid YAML (GridSpec fields)")
     p.add_argument("--name", default=None, help="run name: results/<name>, runs/compare/<name>")
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help="model dir (default: the grid's, else embedded)")
     p.add_argument("--selectors", default=None,
                    help="e.g. random,zipf,perplexity,ml:en,ml:de,mix:uniform")
     p.add_argument("--methods", default=None, help="e.g. rtn,gptq,awq")
-    p.add_argument("--bits", type=int, default=None)
-    p.add_argument("--group-size", type=int, default=None)
-    p.add_argument("--sym", action="store_true", default=None)
+    p.add_argument("--bits", type=int, default=None, help="bits per weight (default: grid's, else 4)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="group size, -1 per channel (default: grid's, else auto)")
+    p.add_argument("--sym", action="store_true", default=None,
+                   help="symmetric grid (default: grid's, else asymmetric)")
     p.add_argument("--desc-act", action="store_true", default=None,
                    help="GPTQ act-order (columns by descending Hessian diagonal)")
     p.add_argument("--source", default=None, help="calibration source (default debian-handbook)")
-    p.add_argument("--nsamples", type=int, default=None)
-    p.add_argument("--seqlen", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--nsamples", type=int, default=None,
+                   help="calibration windows (default: grid's, else 128)")
+    p.add_argument("--seqlen", type=int, default=None,
+                   help="calibration window tokens (default: grid's, else 512)")
+    p.add_argument("--seed", type=int, default=None, help="calibration seed >= 0 (default: grid's, else 0)")
     p.add_argument("--eval", default=None,
                    help="comma list: ppl, confidence (metrics on the tasks) and task names "
                         "(e.g. ppl,confidence,qcal_nextsent_en)")
     p.add_argument("--eval-langs", default=None, help="perplexity languages, e.g. en,de,ja")
-    p.add_argument("--eval-seqlen", type=int, default=None)
-    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--eval-seqlen", type=int, default=None,
+                   help="evaluation window tokens (default: grid's, else 512)")
+    p.add_argument("--max-windows", type=int, default=None,
+                   help="evaluation windows per language, >= 1 (default: grid's, else all)")
     p.add_argument("--limit", type=int, default=None, help="items per task")
-    p.add_argument("--results-dir", type=Path, default=None)
+    p.add_argument("--results-dir", type=Path, default=None,
+                   help="parent of results/<name> (default: $QCAL_RESULTS_DIR or results/)")
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
     p.add_argument("--shard", default=None, metavar="I/N",
@@ -51,7 +58,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run_compare)
     r = sub.add_parser("report", help="render tables and plots of a comparison grid")
     r.add_argument("run_dir", type=Path, help="results/<run> written by `qcal compare`")
-    r.add_argument("--title", default=None)
+    r.add_argument("--title", default=None, help="report title (default: the run's name)")
     r.set_defaults(handler=run_report)
 
 
