@@ -107,9 +107,28 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_run_dir(run_dir: Path) -> None:
+    """Every JSON file a report reads parses: a truncated cell (a kill mid-copy, a full disk
+    elsewhere) is named with its fix instead of failing inside the renderer."""
+    import json
+
+    from qcal.errors import ConfigError
+
+    for path in [run_dir / "grid.json", *sorted((run_dir / "cells").glob("*.json"))]:
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path} is truncated or not JSON ({str(err).splitlines()[0]}); "
+                              "delete it and run the same `qcal compare` again to redo it"
+                              ) from None
+
+
 def run_report(args: argparse.Namespace) -> int:
     from qcal.grid.report import render_report
 
+    check_run_dir(args.run_dir)
     data = render_report(args.run_dir, args.title)
     print(f"wrote {args.run_dir}/report.md with {len(data['perplexity'])} cells")
     return 0
