@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
             # argparse only parses: the schema converts and checks each value, so its one
             # line (field, value, allowed range, fix) replaces argparse's usage dump.
             action.type = None
+            if action.choices is not None and not isinstance(action.choices, dict):
+                # Help still lists the choices; the schema refuses others with a did-you-mean.
+                action.metavar = action.metavar or "{" + ",".join(map(str, action.choices)) + "}"
+                action.choices = None
     return parser
 
 

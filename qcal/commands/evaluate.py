@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(local_task_names()))
         return 0
+    if args.output:
+        check_eval_output(args.output, args.overwrite)  # before the model loads
     tasks = tuple(t for t in (args.tasks or "").split(",") if t.strip())
     ppl = args.ppl or not tasks
     langs: tuple[str, ...] = ()
@@ -105,6 +107,25 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {what}: {path}")
     _print_summary(outcome.data)
     return 0
+
+
+def eval_output_files(output: Path) -> tuple[Path, list[Path]]:
+    """(<stem>.json, the other files `qcal eval -o` writes), named as qcal.eval.report does."""
+    stem = Path(output)
+    if stem.suffix in (".json", ".md"):
+        stem = stem.with_suffix("")
+    side = [stem.with_suffix(".md")] + [stem.with_name(stem.name + tail) for tail in
+                                        ("_reliability.png", "_items.jsonl",
+                                         "_token_nll.safetensors")]
+    return stem.with_suffix(".json"), side
+
+
+def check_eval_output(output: Path, overwrite: bool) -> None:
+    """`-o notes` replaces notes.json/notes.md only when qcal wrote them (else --overwrite)."""
+    from qcal.fsio import check_file_outputs
+
+    main, side = eval_output_files(output)
+    check_file_outputs(main, tuple(side), overwrite=overwrite)
 
 
 def _print_summary(data: dict[str, Any]) -> None:

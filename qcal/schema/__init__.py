@@ -43,7 +43,8 @@ def validate_args(args: argparse.Namespace, flags: dict[str, str] | None = None)
 
 def validate_grid_keys(raw: dict[str, Any], where: str = "grid") -> dict[str, Any]:
     """The keys given in a grid config, checked and typed (lists become tuples)."""
-    model = validate(GridKeys, raw, lambda field: f"{where} key {field}" if field else where, repr)
+    model = validate(GridKeys, raw, lambda field: f"{where} key {field}" if field else where, repr,
+                     yaml=True)
     out = {}
     for key in raw:
         value = getattr(model, key)

@@ -292,6 +292,17 @@ class ProvisionOptions(Options):
     models: str | None = None
     force: Flag = False
 
+    @model_validator(mode="after")
+    def _rules(self) -> ProvisionOptions:
+        from qcal.schema.fields import did_you_mean
+
+        parts = ("model", "models", "data", "benchmarks")
+        for part in (x.strip() for x in self.only.split(",") if x.strip()):
+            if part not in parts:
+                raise ValueError(f"--only {part!r} is not a part; {did_you_mean(part, parts)}"
+                                 "choose from model, data, benchmarks")
+        return self
+
 
 # `qcal <command> [<subcommand>]` -> its options model.
 COMMAND_SCHEMAS: dict[str, type[Options]] = {

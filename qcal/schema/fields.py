@@ -137,11 +137,15 @@ def _example(model: type[BaseModel], field: str) -> Any:
 BOUNDS = {"ge": ">= {}", "gt": "> {}", "le": "<= {}", "lt": "< {}"}
 
 
-def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: Any = str) -> str:
+def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: Any = str,
+               yaml: bool = False) -> str:
     """The first problem of `err` as one line: which field, which value, what is allowed, and
     the fix. `label(field)` spells the field as the user wrote it (`--seed`, `grid key seed`);
     `show(value)` the value (the CLI's are strings; a YAML's type matters, so repr there)."""
-    first = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    if isinstance(first.get("input"), list):  # an axis given as a list: the bad element
+        first = max(errors, key=lambda e: len(e.get("loc", ())))
     loc = [str(x) for x in first.get("loc", ())]
     field = loc[0] if loc else ""
     where = label(field)
@@ -156,21 +160,26 @@ def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: A
     msg = msg[0].lower() + msg[1:]
     allowed = _allowed(model, field)
     ctx = first.get("ctx") or {}
+    if first.get("type") == "literal_error" and isinstance(value, str):
+        choices = [c.strip(" '") for c in str(ctx.get("expected", "")).replace(" or ", ",").split(",")]
+        msg = f"{did_you_mean(value, choices)}choose one of {', '.join(c for c in choices if c)}"
+        return f"{where} {show(value)} is not a choice; {msg}"
     if not allowed:
         allowed = " and ".join(BOUNDS[k].format(v) for k, v in ctx.items() if k in BOUNDS)
     example = _example(model, field)
     bound = next((v for k, v in ctx.items() if k in ("ge", "le")), None)
     if example is None and bound is not None:
         example = bound
-    fix = f"; e.g. {label(field)} {example}" if example is not None else ""
+    spelled = f"{field}: {example}" if yaml else f"{label(field)} {example}"
+    fix = f"; e.g. {spelled}" if example is not None else ""
     return (f"{where} {show(value)} is invalid ({msg})"
             + (f"; allowed: {allowed}" if allowed else "") + fix)
 
 
 def validate(model: type[BaseModel], data: dict[str, Any], label: Any,
-             show: Any = str) -> BaseModel:
+             show: Any = str, yaml: bool = False) -> BaseModel:
     """`model(**data)` or a ConfigError with one line naming field, value, range and fix."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(error_line(err, model, label, show)) from None
+        raise ConfigError(error_line(err, model, label, show, yaml)) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, Strict, model_validator
+from pydantic import BeforeValidator, Field, Strict, field_validator, model_validator
 
 from qcal.schema.fields import Options, PlainName, Selector, Source
 
@@ -25,6 +25,33 @@ def _comma(value: Any) -> Any:
 
 def _axis(kind: Any) -> Any:
     return kind | list[kind]
+
+
+def check_config_options(method: str, options: dict[str, Any]) -> None:
+    """method_options of one method: each a field of its config type, each value of that
+    field's type (strict: "lots" is no damping fraction, "false" no boolean)."""
+    import dataclasses
+    import typing
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from qcal.methods import METHODS
+    from qcal.schema.fields import did_you_mean
+
+    cls = METHODS.get(method).config_cls
+    hints = typing.get_type_hints(cls)
+    fields = [f.name for f in dataclasses.fields(cls) if f.name != "scheme"]
+    for key, value in options.items():
+        if key not in fields:
+            raise ValueError(f"method_options.{method} has no option {key!r}; "
+                             f"{did_you_mean(str(key), fields)}known: {', '.join(fields)}")
+        try:
+            TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except ValidationError as err:
+            want = getattr(hints[key], "__name__", str(hints[key]))
+            raise ValueError(f"method_options.{method}.{key} {value!r} is not a {want} "
+                             f"({err.errors()[0]['msg'].lower()}); e.g. "
+                             f"{key}: {getattr(cls(), key)!r}") from None
 
 
 class GridKeys(Options):
@@ -67,18 +94,36 @@ class GridKeys(Options):
         {}, description="must map a task to its number of items, e.g. {mmlu: 50}")
     eval_text_file: str | None = None
 
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, methods: list[str]) -> list[str]:
+        from qcal.schema.commands import check_method
+
+        return [check_method(m) for m in methods]
+
+    @field_validator("bits")
+    @classmethod
+    def _bits(cls, value: int | list[int]) -> int | list[int]:
+        for bits in value if isinstance(value, list) else [value]:
+            if bits not in (2, 4, 8):
+                raise ValueError(f"{bits}-bit weights cannot be packed into a checkpoint; use "
+                                 "2, 4 or 8")
+        return value
+
+    @field_validator("group_size")
+    @classmethod
+    def _groups(cls, value: int | str | list[int | str]) -> int | str | list[int | str]:
+        from qcal.schema.commands import check_group_size
+
+        for group in value if isinstance(value, list) else [value]:
+            check_group_size(group)
+        return value
+
     @model_validator(mode="after")
     def _rules(self) -> GridKeys:
-        from qcal.schema.commands import check_group_size, check_method
-
-        for method in self.methods:
-            check_method(method)
-        for bits in self.bits if isinstance(self.bits, list) else [self.bits]:
-            if bits not in (2, 4, 8):
-                raise ValueError(f"bits {bits} cannot be packed into a checkpoint; use 2, 4 or 8")
-        groups = self.group_size if isinstance(self.group_size, list) else [self.group_size]
-        for group in groups:
-            check_group_size(group)
+        for method, options in self.method_options.items():
+            if method in self.methods:
+                check_config_options(method, options)
         for task in self.task_limits:
             if task not in self.tasks:
                 raise ValueError(f"task_limits names {task!r}, which is not in tasks "
