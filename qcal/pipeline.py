@@ -29,6 +29,7 @@ from qcal.fsio import (
 from qcal.methods import METHODS, RunOptions, iter_layer_linears
 from qcal.methods.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
 from qcal.model.arch import arch_for, get_module
+from qcal.model.consistency import check_token_ids
 from qcal.model.loading import load_model
 from qcal.model.sequential import PROGRESS_FILE, read_progress
 from qcal.packing.card import model_card
@@ -138,6 +139,7 @@ def quantize_model_dir(
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
     net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
+    check_token_ids(calib_ids, net, "calibration")
     validate_scheme(net, config.scheme)
     if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
         raise ConfigError(

@@ -157,10 +157,12 @@ def make_recipe(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from qcal.model.consistency import refuse_quantized_source
     from qcal.model.loading import resolve_model_dir
     from qcal.pipeline import OutputPolicy
     from qcal.recipe import run_recipe
 
+    refuse_quantized_source(resolve_model_dir(args.model, args.trust_remote_code))
     if args.awq_artifact is not None:
         return _replay_awq(args)
     if args.nproc > 1:

@@ -176,7 +176,7 @@ class EvalOptions(Options):
         for text in self.task_limit:
             task, sep, n = text.partition("=")
             if not sep or not task.strip() or not n.strip().isdigit() or int(n) < 1:
-                raise ValueError(f"--task-limit {text!r}: write TASK=N with N >= 1, e.g. "
+                raise ValueError(f"--task-limit {text!r}: write TASK=N with N a positive number (>= 1), e.g. "
                                  "--task-limit mmlu=50")
             if task.strip() not in tasks:
                 raise ValueError(f"--task-limit names {task.strip()!r}, which is not in --tasks")
