@@ -90,6 +90,7 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from qcal.errors import ModelNotFoundError, RemoteCodeError
     from qcal.grid import GridRunner, grid_from_dict, load_grid_config
     from qcal.grid.report import render_report
     from qcal.paths import results_dir, runs_dir
@@ -98,10 +99,16 @@ def run_compare(args: argparse.Namespace) -> int:
     spec = (load_grid_config(args.config, overrides) if args.config
             else grid_from_dict(overrides))
     results_root = (args.results_dir or results_dir()) / spec.name
-    runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs,
-                        device=args.device, shard=_shard(args.shard), executor=args.executor,
-                        address=args.address, keep_checkpoints=not args.discard_checkpoints)
-    runner.run()
+    try:
+        runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name,
+                            jobs=args.jobs, device=args.device, shard=_shard(args.shard),
+                            executor=args.executor, address=args.address,
+                            keep_checkpoints=not args.discard_checkpoints)
+        runner.run()
+    except RemoteCodeError as err:  # the generic fix names a flag compare does not have
+        raise ModelNotFoundError(
+            f"{err.what}; `qcal compare` never runs a model's own code (it has no "
+            "--trust-remote-code): compare models whose architecture transformers knows") from None
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")
     return 0

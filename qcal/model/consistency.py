@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from qcal.errors import CheckpointError, ConfigError, ModelNotFoundError
+from qcal.errors import CheckpointError, ConfigError, ModelNotFoundError, RemoteCodeError
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 # Buffers older checkpoints stored that today's models recompute (never a learned weight).
@@ -205,10 +205,8 @@ def check_tokenizer_code(path: Path, trust_remote_code: bool) -> None:
         return  # transformers' own class of that name is used; the directory's code is not
     if auto_map:
         classes = auto_map.get("AutoTokenizer", auto_map) if isinstance(auto_map, dict) else auto_map
-        raise ModelNotFoundError(
-            f"the tokenizer in {path} needs its own Python code (tokenizer_config.json auto_map: "
-            f"{json.dumps(classes)[:120]}); qcal does not run it unless you pass "
-            "--trust-remote-code (only for code you have read and trust)")
+        raise RemoteCodeError(f"the tokenizer in {path} needs its own Python code "
+                              f"(tokenizer_config.json auto_map: {json.dumps(classes)[:120]})")
 
 
 def refuse_quantized_source(path: Path) -> None:

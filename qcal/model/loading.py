@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError
+from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError, RemoteCodeError
 from qcal.paths import PROVISIONED_MODELS, default_model_dir, models_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -52,11 +52,8 @@ def check_remote_code(path: Path, raw: dict[str, Any], trust_remote_code: bool) 
     from transformers import CONFIG_MAPPING
 
     if raw["model_type"] not in CONFIG_MAPPING:
-        raise ModelNotFoundError(
-            f"{path} needs its own Python code (config.json auto_map, model_type "
-            f"{raw['model_type']!r}); qcal does not run it unless you pass --trust-remote-code "
-            "(only for code you have read and trust)"
-        )
+        raise RemoteCodeError(f"{path} needs its own Python code (config.json auto_map, "
+                              f"model_type {raw['model_type']!r})")
 
 
 def _short_name_dir(model: str | Path) -> Path | None:

@@ -58,6 +58,7 @@ class Cli:
             pattern = pattern or getattr(self.request.module, "PATTERN", None)
             handle.write(json.dumps({"test": self.request.node.name, "case": case,
                                      "pattern": pattern,
+                                     "module": self.request.module.__name__,
                                      "command": short("qcal " + " ".join(map(str, argv))),
                                      "exit": rc, "line": short(line.strip())}) + "\n")
 

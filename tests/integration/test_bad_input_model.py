@@ -144,3 +144,15 @@ def test_the_real_models_pass_the_checks(default_model_dir: Path) -> None:
     from qcal.model.consistency import check_model_files
 
     check_model_files(default_model_dir)
+
+
+def test_compare_remote_code_refusal_names_no_missing_flag(cli: Cli, home: Path,
+                                                           tmp_path: Path) -> None:
+    model = home / "remote"
+    shutil.copytree(home / "mymodel", model)
+    _config(model, model_type="evilmodel", auto_map={"AutoConfig": "evil.EvilConfig"})
+    line = cli.refused("compare", "--name", "g", "--model", model, "--methods", "rtn",
+                       "--group-size", "32", "--results-dir", tmp_path / "results",
+                       match="has no --trust-remote-code",
+                       case="compare of a model with auto_map", pattern="5. Names and outputs: one rule")
+    assert "unless you pass" not in line
