@@ -60,6 +60,10 @@ class GridSpec:
     eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
 
     def __post_init__(self) -> None:
+        from qcal.schema import validate_grid_keys
+
+        # The same schema as a YAML's keys, so a grid built in Python is checked alike.
+        validate_grid_keys({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         plain_name(self.name, "grid name")
         if not self.selectors or not self.methods:
             raise ConfigError("a grid needs at least one selector and one method")

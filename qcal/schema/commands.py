@@ -55,7 +55,7 @@ def check_method(name: str) -> str:
     from qcal.schema.fields import did_you_mean
 
     if name not in METHODS:
-        raise ValueError(f"unknown method; {did_you_mean(name, METHODS.names())}choose one of "
+        raise ValueError(f"unknown method; {did_you_mean(name, METHODS.names())}known: "
                          f"{', '.join(METHODS.names())}")
     return name
 
@@ -125,8 +125,8 @@ class QuantizeOptions(Options):
             raise ValueError("--desc-act (act-order) cannot be stored in --format awq (the AWQ "
                              "layout has no g_idx); drop --desc-act or use --format gptq")
         if self.allow_ragged_groups and self.format in ("compressed-tensors", "awq"):
-            raise ValueError(f"--allow-ragged-groups cannot be stored in --format {self.format} "
-                             "(whole groups only); drop it or use --format gptq")
+            raise ValueError(f"--allow-ragged-groups cannot be stored in --format {self.format}, "
+                             "which needs whole groups; drop it or use --format gptq")
         if self.awq_artifact is not None and self.method != "awq":
             raise ValueError("--awq-artifact replays an AWQ search; use it with --method awq")
         langs = plain_list(self.eval_langs, "language")

@@ -126,6 +126,6 @@ class GridKeys(Options):
                 check_config_options(method, options)
         for task in self.task_limits:
             if task not in self.tasks:
-                raise ValueError(f"task_limits names {task!r}, which is not in tasks "
-                                 f"{self.tasks}; add it to tasks or drop its limit")
+                raise ValueError(f"task_limits names {task!r}, which is not in --tasks (grid "
+                                 f"key tasks) {self.tasks}; add it there or drop its limit")
         return self
