@@ -96,6 +96,30 @@ def existing_dir(path: Path) -> Path:
     return path
 
 
+def check_regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"is not a regular expression ({err}); e.g. 'lm_head|.*gate$'") from None
+    return pattern
+
+
+def check_bytes(text: str) -> str:
+    """A size such as 4GiB, 500MB or 1073741824 (kept as written; ByteSize reads it)."""
+    from pydantic import ByteSize, TypeAdapter
+
+    try:
+        size = TypeAdapter(ByteSize).validate_python(text)
+    except ValueError:
+        raise ValueError("is not a size; write e.g. 4GiB, 500MB or a number of bytes") from None
+    if size <= 0:
+        raise ValueError("must be a positive size, e.g. 4GiB")
+    return text
+
+
+# For options still to come (`--ignore REGEX`, `--max-memory 4GiB`): one field line each.
+Regex = Annotated[str, AfterValidator(check_regex)]
+Size = Annotated[str, AfterValidator(check_bytes)]
 ExistingFile = Annotated[Path, AfterValidator(existing_file)]
 ExistingDir = Annotated[Path, AfterValidator(existing_dir)]
 
