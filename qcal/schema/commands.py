@@ -28,6 +28,7 @@ from qcal.schema.fields import (
     SeqLen,
     Source,
     plain_list,
+    selector_langs,
 )
 
 FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
@@ -129,6 +130,7 @@ class QuantizeOptions(Options):
                              "which needs whole groups; drop it or use --format gptq")
         if self.awq_artifact is not None and self.method != "awq":
             raise ValueError("--awq-artifact replays an AWQ search; use it with --method awq")
+        known_langs(selector_langs(self.selector), self.calib, "--selector language")
         langs = plain_list(self.eval_langs, "language")
         if self.eval:
             if not langs:
@@ -211,6 +213,8 @@ class CalibBuildOptions(Options):
     @model_validator(mode="after")
     def _rules(self) -> CalibBuildOptions:
         langs = plain_list(self.langs, "language")
+        known_langs(langs, self.source, "--langs")
+        known_langs(selector_langs(self.selector), self.source, "--selector language")
         if self.mix is not None:
             from qcal.schema.fields import check_selector
 

@@ -84,6 +84,17 @@ def check_selector(spec: str) -> str:
 Selector = Annotated[str, AfterValidator(check_selector)]
 
 
+def selector_langs(spec: str | None) -> list[str]:
+    """Languages a selector names itself: ml:de,fr and mix:en=0.5,de=0.5 (not mix:uniform)."""
+    head, _, arg = (spec or "").strip().partition(":")
+    parts = [p.strip() for p in arg.split(",") if p.strip()]
+    if head == "ml":
+        return parts
+    if head == "mix":
+        return [p.partition("=")[0].strip() for p in parts if "=" in p]
+    return []
+
+
 def existing_file(path: Path) -> Path:
     if not Path(path).expanduser().is_file():
         raise ValueError(f"file {path} does not exist; give the path of an existing file")
