@@ -174,6 +174,8 @@ class CalibConfig:
             raise ConfigError(f"--nsamples {self.nsamples} must be at least 1; GPTQ used 128")
         if self.seqlen < 2:
             raise ConfigError(f"--seqlen {self.seqlen} must be at least 2; the default is 512")
+        if self.seed < 0:  # the CLI's schema says so first; this guards the Python API
+            raise ConfigError(f"--seed {self.seed} must be >= 0; e.g. --seed 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +210,9 @@ class EvalConfig:
             raise ConfigError(f"seqlen={self.seqlen} must be at least 2; the default is 512")
         if self.batch_size < 1 or self.task_batch_size < 1:
             raise ConfigError("batch sizes must be positive; try --batch-size 4")
+        if self.max_windows is not None and self.max_windows < 1:
+            raise ConfigError(f"max_windows={self.max_windows} must be >= 1 (or None: all "
+                              "windows); e.g. --max-windows 16")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit {self.limit} must be a positive number of items")
         for task, n in self.task_limits:

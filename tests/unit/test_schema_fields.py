@@ -65,3 +65,13 @@ def test_good_values_pass_and_keep_their_type(tmp_path: Path) -> None:
                    regex="lm_head|.*gate$", size="4GiB")
     assert probe.flag is True and probe.seed == 3 and probe.count == 2
     assert _check(source="hf:wikitext:wikitext-2-raw-v1").source.startswith("hf:")
+
+
+def test_python_api_configs_refuse_what_the_schema_refuses() -> None:
+    from qcal.config import CalibConfig, EvalConfig
+
+    with pytest.raises(ConfigError, match="--seed -1 must be >= 0"):
+        CalibConfig(seed=-1)
+    for bad in (-1, 0):
+        with pytest.raises(ConfigError, match="must be >= 1"):
+            EvalConfig(max_windows=bad)
