@@ -127,6 +127,13 @@ def check_packed_tensors(path: Path) -> None:
         groups, scale_cols = files[need["scales"]][1]
         (in_features,) = files[need["g_idx"]][1] or (0,)
         zrows, zcols = files[need["qzeros"]][1]
+        held = 32 * rows // in_features if in_features and rows else None
+        if (per_word and held in (2, 4, 8) and held != bits and scale_cols == out_features
+                and zrows == groups and zcols * (32 // held) == out_features):
+            raise CheckpointError(
+                f"checkpoint {path}: {layer} holds {held}-bit codes, but its config.json says "
+                f"bits={bits}: the checkpoint does not match its config.json; fix config.json or "
+                "re-create it with `qcal quantize`")
         if per_word and (rows * per_word != in_features or scale_cols != out_features
                          or zrows != groups or zcols * per_word != out_features):
             raise CheckpointError(
