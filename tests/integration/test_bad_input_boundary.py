@@ -97,8 +97,8 @@ def test_sigterm_stops_like_ctrl_c(cli: Cli, home: Path, tmp_path: Path) -> None
     assert "--resume" in lines[-1] and "Traceback" not in err
     assert not out.exists()
     assert not list(home.glob(".ckpt.qcal-tmp-*"))
-    cli.record("SIGTERM during quantize (real signal, subprocess)", tuple(["quantize", "..."]),
-               143, lines[-1], pattern=PATTERN)
+    cli.record("SIGTERM during quantize (real signal, subprocess)", tuple(argv), 143, lines[-1],
+               pattern=PATTERN)
 
 
 def test_sigterm_handler_is_restored_after_main(cli: Cli, home: Path) -> None:
