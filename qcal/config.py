@@ -35,6 +35,14 @@ class QuantScheme:
     allow_ragged: bool = False
 
     def __post_init__(self) -> None:
+        # Types first: "false" is truthy and would quantize symmetrically; "big" <= 0 raises.
+        for name in ("sym", "allow_ragged"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false (a "
+                                  "boolean, not a string)")
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool):
+            raise ConfigError(f"group_size={self.group_size!r} must be an integer: -1 (per "
+                              "channel) or a positive size such as 128")
         if self.bits not in SUPPORTED_BITS:
             raise ConfigError(f"bits={self.bits} is not supported; choose one of {SUPPORTED_BITS}")
         if self.group_size != -1 and self.group_size <= 0:

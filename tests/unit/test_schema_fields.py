@@ -75,3 +75,14 @@ def test_python_api_configs_refuse_what_the_schema_refuses() -> None:
     for bad in (-1, 0):
         with pytest.raises(ConfigError, match="must be >= 1"):
             EvalConfig(max_windows=bad)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"sym": "false"}, "boolean, not a string"),
+                                                ({"allow_ragged": 1}, "true or false"),
+                                                ({"group_size": "big"}, "must be an integer"),
+                                                ({"bits": "4"}, "not supported")])
+def test_quant_scheme_refuses_wrong_types(kwargs: dict, match: str) -> None:
+    from qcal.config import QuantScheme
+
+    with pytest.raises(ConfigError, match=match):
+        QuantScheme(**kwargs)
