@@ -5,6 +5,12 @@ or any output or work directory is created.
 argparse only parses strings; `validate_args` decides, and writes the typed values back
 into the namespace. A refusal is a ConfigError with one line naming the field, the value,
 what is allowed and the fix (the CLI prints it and exits 2).
+
+Adding an option is one step in two places side by side: `p.add_argument(...)` (with help;
+argparse's `type=` is dropped, the schema converts) and one field with the same `dest`
+name and default in the command's model in `commands.py`; a new grid key is a `GridSpec`
+field plus one `GridKeys` field in `grid.py`. tests/unit/test_schema_coverage.py fails on
+an option or grid field without its rule, or with a different default.
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ ExistingDir = Annotated[Path, AfterValidator(existing_dir)]
 
 
 class Options(BaseModel):
-    """Base of every schema model: unknown fields are errors, values are checked on
-    assignment too, and nothing is coerced into a boolean."""
+    """Base of every schema model: unknown fields are errors, a validated model is frozen,
+    and booleans are strict (`Flag`): nothing is coerced into one."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
