@@ -105,3 +105,12 @@ def test_sigterm_handler_is_restored_after_main(cli: Cli, home: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     cli("quantize", "--seed", "-1")
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_argparse_refusals_are_one_line_and_help_exits_zero(cli: Cli, home: Path) -> None:
+    cli.refused(match="the following arguments are required", case="qcal with no command",
+                pattern="2. Values that were never checked")
+    cli.refused("calib", match="required", case="qcal calib with no subcommand",
+                pattern="2. Values that were never checked")
+    rc, _ = cli("quantize", "--help")
+    assert rc == 0
