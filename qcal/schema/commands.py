@@ -83,7 +83,10 @@ Method = Annotated[str, AfterValidator(check_method)]
 GroupSize = Annotated[str | int, AfterValidator(check_group_size)]
 
 
+# In each model `device` comes first: fields are checked in order, and a device this machine
+# lacks is the first thing to say.
 class QuantizeOptions(Options):
+    device: Device = "auto"
     model: str | None = None
     method: Method = "rtn"
     bits: int = Field(4, description="2, 4 or 8 (what a checkpoint can pack)", examples=[4])
@@ -104,7 +107,6 @@ class QuantizeOptions(Options):
     nsamples: Count = 128
     seqlen: SeqLen = 512
     seed: Seed = 0
-    device: Device = "auto"
     nproc: Count = 1
     resume: Flag = False
     overwrite: Flag = False
@@ -140,6 +142,7 @@ class QuantizeOptions(Options):
 
 
 class EvalOptions(Options):
+    device: Device = "auto"
     model: str | None = None
     base: str | None = None
     ppl: Flag = False
@@ -160,7 +163,6 @@ class EvalOptions(Options):
     ece_bins: Count = 15
     list_tasks: Flag = False
     backend: Literal["hf", "vllm"] = "hf"
-    device: Device = "auto"
     trust_remote_code: Flag = False
     output: Path | None = None
     overwrite: Flag = False
@@ -186,6 +188,7 @@ class EvalOptions(Options):
 
 
 class CalibBuildOptions(Options):
+    device: Device = "auto"
     selector: Selector = "random"
     source: Source = "debian-handbook"
     model: str | None = None
@@ -200,7 +203,6 @@ class CalibBuildOptions(Options):
     objective: Literal["coverage", "invfreq"] | None = None
     pool_size: Count | None = None
     ref_model: str | None = None
-    device: Device = "auto"
     batch_size: Count | None = None
     score_tokens: Count | None = None
     max_candidates: Count | None = None
@@ -241,6 +243,7 @@ class CalibListOptions(Options):
 
 
 class CompareOptions(Options):
+    device: Device = "auto"
     config: ExistingFile | None = None
     name: str | None = None
     model: str | None = None
@@ -260,7 +263,6 @@ class CompareOptions(Options):
     max_windows: Count | None = None
     limit: Count | None = None
     results_dir: Path | None = None
-    device: Device = "auto"
     shard: str | None = None
     executor: Literal["local", "ray"] = "local"
     address: str | None = None

@@ -43,8 +43,13 @@ def plain_list(text: str | None, what: str) -> list[str]:
 
 
 def check_device(value: str) -> str:
+    """A device string that names a device this machine has (`cuda` without CUDA is refused
+    here, before the model loads)."""
     if not DEVICE.match(str(value).strip().lower()):
         raise ValueError(f"{value!r} is not a device; use cpu, cuda, cuda:N or auto")
+    from qcal.devices import resolve_device
+
+    resolve_device(value)  # its ConfigError is a ValueError: pydantic reports it
     return value
 
 
@@ -191,7 +196,9 @@ def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: A
         return f"{where} is not a known setting; {did_you_mean(field, known)}known: {', '.join(known)}"
     if msg.startswith(("Value error, ", "Assertion failed, ")):
         text = msg.split(", ", 1)[1]
-        return f"{where} {show(value)}: {text}" if field else text
+        if not field or text.startswith(where):
+            return text
+        return f"{where} {show(value)}: {text}"
     msg = msg[0].lower() + msg[1:]
     allowed = _allowed(model, field)
     ctx = first.get("ctx") or {}
