@@ -35,6 +35,14 @@ class QuantScheme:
     allow_ragged: bool = False
 
     def __post_init__(self) -> None:
+        # Types first: "false" is truthy and would quantize symmetrically; "big" <= 0 raises.
+        for name in ("sym", "allow_ragged"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false (a "
+                                  "boolean, not a string)")
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool):
+            raise ConfigError(f"group_size={self.group_size!r} must be an integer: -1 (per "
+                              "channel) or a positive size such as 128")
         if self.bits not in SUPPORTED_BITS:
             raise ConfigError(f"bits={self.bits} is not supported; choose one of {SUPPORTED_BITS}")
         if self.group_size != -1 and self.group_size <= 0:
@@ -207,6 +215,8 @@ class CalibConfig:
             raise ConfigError(f"--nsamples {self.nsamples} must be at least 1; GPTQ used 128")
         if self.seqlen < 2:
             raise ConfigError(f"--seqlen {self.seqlen} must be at least 2; the default is 512")
+        if self.seed < 0:  # the CLI's schema says so first; this guards the Python API
+            raise ConfigError(f"--seed {self.seed} must be >= 0; e.g. --seed 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +251,9 @@ class EvalConfig:
             raise ConfigError(f"seqlen={self.seqlen} must be at least 2; the default is 512")
         if self.batch_size < 1 or self.task_batch_size < 1:
             raise ConfigError("batch sizes must be positive; try --batch-size 4")
+        if self.max_windows is not None and self.max_windows < 1:
+            raise ConfigError(f"max_windows={self.max_windows} must be >= 1 (or None: all "
+                              "windows); e.g. --max-windows 16")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit {self.limit} must be a positive number of items")
         for task, n in self.task_limits:

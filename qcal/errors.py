@@ -23,3 +23,15 @@ class CheckpointError(QcalError, ValueError):
 
 class NumericalError(QcalError, ArithmeticError):
     """A numerical procedure failed (NaN statistics, non positive-definite Hessian)."""
+
+
+class RemoteCodeError(ModelNotFoundError):
+    """A model or tokenizer needs its directory's own Python, and the user did not opt in.
+
+    `what` names the directory and the code it would run, without the fix: each command
+    says its own fix (`--trust-remote-code`, or that it has no such option)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what}; qcal does not run it unless you pass --trust-remote-code "
+                         "(only for code you have read and trust)")

@@ -113,6 +113,46 @@ def check_output(out: Path | str, kind: str, *, overwrite: bool = False,
                       f"it with the {kind}")
 
 
+def wrote_result_file(path: Path) -> bool:
+    """True when `path` is a results file qcal wrote: JSON whose `provenance` holds qcal's
+    fields (command, date, git_commit, machine), or Markdown that opens with that provenance."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if Path(path).suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        prov = data.get("provenance") if isinstance(data, dict) else None
+        return isinstance(prov, dict) and {"command", "date", "git_commit", "machine"} <= set(prov)
+    head = text[:4000]
+    return "\n- Command: `" in head and "\n- Date: " in head and "\n- Machine: " in head
+
+
+def check_file_outputs(main: Path | str, companions: tuple[Path | str, ...] = (), *,
+                       overwrite: bool = False) -> None:
+    """The file twin of `check_output`: `main` (a results JSON/Markdown) and its
+    `companions` (plots, item lists written beside it) may be replaced only when qcal wrote
+    them (companions count as qcal's when `main` is), else only with `--overwrite`. A
+    directory or a symlink in the way is refused either way."""
+    main = Path(main).expanduser().absolute()
+    owned = not main.exists() or wrote_result_file(main)
+    for path in (main, *map(Path, companions)):
+        path = Path(path).expanduser().absolute()
+        if path.is_symlink() or path.is_dir():
+            raise ConfigError(f"output {path} is a {'link' if path.is_symlink() else 'directory'}"
+                              "; choose another -o (qcal replaces only plain files it wrote)")
+        if not path.exists():
+            continue
+        mine = wrote_result_file(path) if path.suffix in (".json", ".md") else owned
+        if not mine and not overwrite:
+            raise ConfigError(f"output {path} exists and qcal did not write it; choose another "
+                              "-o, or pass --overwrite to replace it")
+    check_writable(main)
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks (sdists and wheels run to hundreds of MB)."""
     h = hashlib.sha256()

@@ -30,6 +30,7 @@ from qcal.methods import METHODS, RunOptions, iter_layer_linears
 from qcal.methods.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
 from qcal.model.adapters import expert_tokens
 from qcal.model.arch import get_module
+from qcal.model.consistency import check_token_ids
 from qcal.model.loading import load_model
 from qcal.model.resolve import arch_for
 from qcal.model.sequential import PROGRESS_FILE, read_progress
@@ -152,6 +153,7 @@ def quantize_model_dir(
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
     net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
+    check_token_ids(calib_ids, net, "calibration")
     arch = arch_for(net)
     validate_scheme(net, config.scheme, opts.selection)
     if not opts.packed or config.scheme.bits not in PACKABLE_BITS:

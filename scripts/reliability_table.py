@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Run the bad-input and fault suite and write results/reliability.{json,md}.
 
-Each row is a case that tests/integration/test_bad_input_{safety,errors}.py ran and checked (exit
-code, the one error line, nothing outside the output touched, payloads not run);
-the line shown is what qcal printed. A case whose test failed is listed as FAILED.
+Each row is a case that tests/integration/test_bad_input_*.py ran and checked (exit code, the
+one error line, nothing outside the output touched, no output/work dir left, payloads not
+run); the line shown is what qcal printed. Rows are grouped by the pattern of issue 37 they
+test. A case whose test failed is listed as FAILED.
 
     python scripts/reliability_table.py
 """
@@ -24,7 +25,16 @@ from qcal.results import markdown_table, provenance, provenance_markdown, write_
 ROOT = Path(__file__).resolve().parent.parent
 
 SUITE = ("tests/integration/test_bad_input_safety.py",
-         "tests/integration/test_bad_input_errors.py")
+         "tests/integration/test_bad_input_errors.py",
+         "tests/integration/test_bad_input_schema.py",
+         "tests/integration/test_bad_input_model.py",
+         "tests/integration/test_bad_input_outputs.py",
+         "tests/integration/test_bad_input_boundary.py")
+# Cases of the earlier suites carry no pattern of their own: grouped by their file.
+MODULE_PATTERN = {
+    "test_bad_input_safety": "0a. Never lose a user's file; names are plain; no code runs",
+    "test_bad_input_errors": "0b. One clear line instead of a traceback; hygiene",
+}
 
 
 def run_suite() -> tuple[list[dict], dict[str, str]]:
@@ -42,21 +52,29 @@ def run_suite() -> tuple[list[dict], dict[str, str]]:
     return rows, outcomes
 
 
+def pattern_of(row: dict) -> str:
+    module = str(row.get("module", "")).rsplit(".", 1)[-1]
+    return row.get("pattern") or MODULE_PATTERN.get(module, "other")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "reliability")
     args = parser.parse_args()
     rows, outcomes = run_suite()
-    table = []
+    groups: dict[str, list[list]] = {}
     for r in rows:
         status = outcomes.get(r["test"].split("[")[0], outcomes.get(r["test"], "?"))
         status = outcomes.get(r["test"], status)
         handled = "handled" if status == "passed" else status
-        table.append([r["case"], f"`{r['command']}`", r["exit"], r["line"].replace("|", "/"), handled])
+        groups.setdefault(pattern_of(r), []).append(
+            [r["case"], f"`{r['command']}`", r["exit"], r["line"].replace("|", "/"), handled])
     recorded = {r["test"] for r in rows}
     for test, status in sorted(outcomes.items()):
         if test not in recorded and status != "passed":
-            table.append([test, "-", "-", "-", status])
+            groups.setdefault("9. Tests without a recorded line (skipped or failed)", []).append(
+                [test, "-", "-", "-", status])
+    table = [row for rows_ in groups.values() for row in rows_]
     prov = provenance("python scripts/reliability_table.py", suite=", ".join(SUITE),
                       model="tiny random Llama (qcal.model.tiny, 2 layers), built by the tests")
     handled = sum(1 for row in table if row[-1] == "handled")
@@ -64,32 +82,41 @@ def main() -> None:
     failed = len(table) - handled - skipped
     data = {"provenance": prov, "cases": rows, "tests": outcomes,
             "summary": {"cases": len(table), "handled": handled, "skipped": skipped,
-                        "failed": failed}}
+                        "failed": failed, "per_pattern": {k: len(v) for k, v in groups.items()}}}
+    sections = []
+    for name in sorted(groups):
+        sections += [f"## {name} ({len(groups[name])} cases)",
+                     markdown_table(["case", "command", "exit", "what qcal printed", "outcome"],
+                                    groups[name])]
     md = "\n\n".join([
         "# Reliability and security: bad input and faults",
         provenance_markdown(prov),
         f"{handled} cases handled, {failed} failed, {skipped} skipped here. *Handled* means the "
-        "test checked all of: the exit code (2 for bad input, 130 for Ctrl-C, 0 where the run "
-        "should proceed), exactly one "
-        "`error:` line naming the problem and the fix, no traceback, no file outside the output "
-        "touched or left behind, and for the security cases that the payload did not run.",
+        "test checked all of: the exit code (2 for bad input, 3 for an internal error with its "
+        "logged traceback, 130 for Ctrl-C, 143 for SIGTERM, 0 where the run should proceed), "
+        "exactly one `error:` line naming the problem and the fix, no traceback, no file "
+        "outside the output touched or left behind (for the schema cases: no output, work or "
+        "results directory at all), and for the security cases that the payload did not run.",
+        "Groups 1-6 are the patterns of issue 37 (one validation layer). Group 1 and 2 cases "
+        "are refused by the schema (qcal/schema) before any model is loaded; group 4 by "
+        "qcal/model/consistency.py before any weight is used.",
         "`$T` is the test's temporary folder, standing for the user's folder (`$T/x/mymodel` is "
         "the user's model, `$T/x/notes.txt` another file of theirs). Cases marked *emulated* "
-        "inject the fault in-process (the suite runs as root here, which writes into read-only "
-        "directories, and a real full disk cannot be made without privileges); the real "
-        "`chmod 555` variant runs where the tests are not root.",
-        markdown_table(["case", "command", "exit", "what qcal printed", "outcome"], table),
+        "or *injected* put the fault in in-process (the suite runs as root here, which writes "
+        "into read-only directories, and a real full disk cannot be made without privileges); "
+        "the real `chmod 555` variant runs where the tests are not root.",
+        *sections,
         "Behaviour checked without a printed line (same suite): qcal replaces its own checkpoint "
-        "or calibration set (marker file `.qcal-output.json`) but nothing else without "
-        "`--overwrite`; `<out>.work` is removed after success unless `--keep-work`; a killed "
-        "save's hidden `.<out>.qcal-tmp-*` dir is removed by the next run while look-alike user "
-        "files stay; `qcal compare` restarts a cell whose resume file is corrupt instead of "
-        "staying stuck; a model dir with `auto_map` and a known architecture loads with "
-        "transformers' own code and never imports the directory's Python. GPTQ's numerical "
-        "errors are specific too (tests/unit/test_gptq.py): a negative Hessian diagonal is "
-        "reported as such, and once damping has reached its ceiling the message stops "
-        "suggesting a larger `--damp`.",
-        "Reproduce: `python scripts/reliability_table.py` (runs the suite, about a minute).",
+        "or calibration set (marker file `.qcal-output.json`) or its own eval results (their "
+        "provenance) but nothing else without `--overwrite`; `<out>.work` is removed after "
+        "success unless `--keep-work`; a killed save's hidden `.<out>.qcal-tmp-*` dir is removed "
+        "by the next run while look-alike user files stay; `qcal compare` restarts a cell whose "
+        "resume file is corrupt instead of staying stuck; a model dir with `auto_map` and a "
+        "known architecture loads with transformers' own code and never imports the directory's "
+        "Python; the schema covers every argparse option and grid key "
+        "(tests/unit/test_schema_coverage.py). GPTQ's numerical errors are specific too "
+        "(tests/unit/test_gptq.py).",
+        "Reproduce: `python scripts/reliability_table.py` (runs the suite, a few minutes).",
     ])
     write_results(args.out, data, md)
     print(f"wrote {args.out}.md: {handled} handled, {failed} failed, {skipped} skipped")

@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--model", default=None, help="model dir whose tokenizer is used (default model)")
     b.add_argument("--n", type=int, default=128, help="number of windows")
     b.add_argument("--seqlen", type=int, default=512, help="tokens per window")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="seed of the draw (>= 0)")
     b.add_argument("--langs", default=None, help="comma-separated languages to draw from (en,de,fr)")
     b.add_argument("--weights", default=None, help="multilingual: comma-separated weights per --langs")
     b.add_argument("--mix", default=None, help="multilingual: 'uniform' or a named mix (study10, ...)")
@@ -39,7 +39,8 @@ def add_parser(sub: Any) -> None:
                    help="perplexity: score a seeded random subset of this many windows")
     b.add_argument("--no-pack", action="store_true",
                    help="reject documents shorter than seqlen instead of packing them")
-    b.add_argument("--max-windows-per-doc", type=int, default=None)
+    b.add_argument("--max-windows-per-doc", type=int, default=None,
+                   help="at most this many windows from one document (default: no cap)")
     b.add_argument("-o", "--output", type=Path, default=None,
                    help="output dir (default calib_sets/<selector>-<source>-n<N>-s<seqlen>-seed<S>)")
     b.add_argument("--overwrite", action="store_true",

@@ -11,27 +11,34 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="run a calibration-set x method grid (cached, resumable)")
     p.add_argument("--config", type=Path, default=None, help="grid YAML (GridSpec fields)")
     p.add_argument("--name", default=None, help="run name: results/<name>, runs/compare/<name>")
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help="model dir (default: the grid's, else embedded)")
     p.add_argument("--selectors", default=None,
                    help="e.g. random,zipf,perplexity,ml:en,ml:de,mix:uniform")
     p.add_argument("--methods", default=None, help="e.g. rtn,gptq,awq")
-    p.add_argument("--bits", type=int, default=None)
-    p.add_argument("--group-size", type=int, default=None)
-    p.add_argument("--sym", action="store_true", default=None)
+    p.add_argument("--bits", type=int, default=None, help="bits per weight (default: grid's, else 4)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="group size, -1 per channel (default: grid's, else auto)")
+    p.add_argument("--sym", action="store_true", default=None,
+                   help="symmetric grid (default: grid's, else asymmetric)")
     p.add_argument("--desc-act", action="store_true", default=None,
                    help="GPTQ act-order (columns by descending Hessian diagonal)")
     p.add_argument("--source", default=None, help="calibration source (default debian-handbook)")
-    p.add_argument("--nsamples", type=int, default=None)
-    p.add_argument("--seqlen", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--nsamples", type=int, default=None,
+                   help="calibration windows (default: grid's, else 128)")
+    p.add_argument("--seqlen", type=int, default=None,
+                   help="calibration window tokens (default: grid's, else 512)")
+    p.add_argument("--seed", type=int, default=None, help="calibration seed >= 0 (default: grid's, else 0)")
     p.add_argument("--eval", default=None,
                    help="comma list: ppl, confidence (metrics on the tasks) and task names "
                         "(e.g. ppl,confidence,qcal_nextsent_en)")
     p.add_argument("--eval-langs", default=None, help="perplexity languages, e.g. en,de,ja")
-    p.add_argument("--eval-seqlen", type=int, default=None)
-    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--eval-seqlen", type=int, default=None,
+                   help="evaluation window tokens (default: grid's, else 512)")
+    p.add_argument("--max-windows", type=int, default=None,
+                   help="evaluation windows per language, >= 1 (default: grid's, else all)")
     p.add_argument("--limit", type=int, default=None, help="items per task")
-    p.add_argument("--results-dir", type=Path, default=None)
+    p.add_argument("--results-dir", type=Path, default=None,
+                   help="parent of results/<name> (default: $QCAL_RESULTS_DIR or results/)")
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N or auto (default: CUDA when present)")
     p.add_argument("--shard", default=None, metavar="I/N",
@@ -53,7 +60,7 @@ def add_parser(sub: Any) -> None:
                                       "study's report from its grids (--study)")
     r.add_argument("run_dir", type=Path, nargs="*",
                    help="results/<run> folders written by `qcal compare` (a study has defaults)")
-    r.add_argument("--title", default=None)
+    r.add_argument("--title", default=None, help="report title (default: the run's name)")
     r.add_argument("--study", default=None,
                    help="render this study's report: zipcal, multilingual, confidence (with "
                         "benchmarks) or selection")
@@ -95,6 +102,7 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from qcal.errors import ModelNotFoundError, RemoteCodeError
     from qcal.grid import GridRunner, grid_from_dict, load_grid_config
     from qcal.grid.report import render_report
     from qcal.paths import results_dir, runs_dir
@@ -103,13 +111,37 @@ def run_compare(args: argparse.Namespace) -> int:
     spec = (load_grid_config(args.config, overrides) if args.config
             else grid_from_dict(overrides))
     results_root = (args.results_dir or results_dir()) / spec.name
-    runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name, jobs=args.jobs,
-                        device=args.device, shard=_shard(args.shard), executor=args.executor,
-                        address=args.address, keep_checkpoints=not args.discard_checkpoints)
-    runner.run()
+    try:
+        runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name,
+                            jobs=args.jobs, device=args.device, shard=_shard(args.shard),
+                            executor=args.executor, address=args.address,
+                            keep_checkpoints=not args.discard_checkpoints)
+        runner.run()
+    except RemoteCodeError as err:  # the generic fix names a flag compare does not have
+        raise ModelNotFoundError(
+            f"{err.what}; `qcal compare` never runs a model's own code (it has no "
+            "--trust-remote-code): compare models whose architecture transformers knows") from None
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")
     return 0
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Every JSON file a report reads parses: a truncated cell (a kill mid-copy, a full disk
+    elsewhere) is named with its fix instead of failing inside the renderer."""
+    import json
+
+    from qcal.errors import ConfigError
+
+    for path in [run_dir / "grid.json", *sorted((run_dir / "cells").glob("*.json"))]:
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path} is truncated or not JSON ({str(err).splitlines()[0]}); "
+                              "delete it and run the same `qcal compare` again to redo it"
+                              ) from None
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -129,6 +161,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise ConfigError("--out, --bench-grid and --out-benchmarks go with --study; a grid's "
                           "report is written into its folder")
     for run_dir in args.run_dir:
+        check_run_dir(run_dir)
         data = render_report(run_dir, args.title)
         print(f"wrote {run_dir}/report.md with {len(data['perplexity'])} cells")
     return 0

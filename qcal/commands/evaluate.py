@@ -22,9 +22,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--langs", default="en", help="comma-separated languages, or 'all'")
     p.add_argument("--source", default="debian-handbook", help="packaged corpus")
     p.add_argument("--text", type=Path, default=None, help="evaluate on this text file instead")
-    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--seqlen", type=int, default=512, help="tokens per window (>= 2)")
     p.add_argument("--stride", type=int, default=None, help="sliding-window mode")
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=4, help="perplexity windows per forward")
     p.add_argument("--max-windows", type=int, default=None, help="cap windows per language")
     p.add_argument("--tasks", default=None,
                    help="comma-separated lm-eval tasks: local (qcal_nextsent_en, ...) or standard")
@@ -34,11 +34,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--task-limit", action="append", default=[], metavar="TASK=N",
                    help="first N items of TASK instead of --limit (repeatable; a group's N "
                         "applies to each of its subtasks, e.g. mmlu=50)")
-    p.add_argument("--num-fewshot", type=int, default=None)
-    p.add_argument("--task-batch-size", type=int, default=16)
+    p.add_argument("--num-fewshot", type=int, default=None,
+                   help="few-shot examples per item (default: each task's own)")
+    p.add_argument("--task-batch-size", type=int, default=16, help="lm-eval batch size")
     p.add_argument("--confidence", "--calibration", dest="confidence", action="store_true",
                    help="confidence metrics (ECE, Brier, NLL, ...) and a reliability diagram")
-    p.add_argument("--ece-bins", type=int, default=15)
+    p.add_argument("--ece-bins", type=int, default=15, help="equal-width bins of the ECE")
     p.add_argument("--list-tasks", action="store_true", help="list the local tasks and exit")
     p.add_argument("--backend", default="hf", choices=("hf", "vllm"),
                    help="hf: qcal's loader and kernels (default); vllm: lm-eval's vLLM backend on "
@@ -50,6 +51,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="results stem: writes <stem>.json/.md (+ _reliability.png, _items.jsonl, "
                         "_token_nll.safetensors)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing <stem>.json/.md files that qcal did not write")
     p.set_defaults(handler=run)
 
 
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(local_task_names()))
         return 0
+    if args.output:
+        check_eval_output(args.output, args.overwrite)  # before the model loads
     tasks = tuple(t for t in (args.tasks or "").split(",") if t.strip())
     ppl = args.ppl or not tasks
     langs: tuple[str, ...] = ()
@@ -102,6 +107,25 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {what}: {path}")
     _print_summary(outcome.data)
     return 0
+
+
+def eval_output_files(output: Path) -> tuple[Path, list[Path]]:
+    """(<stem>.json, the other files `qcal eval -o` writes), named as qcal.eval.report does."""
+    stem = Path(output)
+    if stem.suffix in (".json", ".md"):
+        stem = stem.with_suffix("")
+    side = [stem.with_suffix(".md")] + [stem.with_name(stem.name + tail) for tail in
+                                        ("_reliability.png", "_items.jsonl",
+                                         "_token_nll.safetensors")]
+    return stem.with_suffix(".json"), side
+
+
+def check_eval_output(output: Path, overwrite: bool) -> None:
+    """`-o notes` replaces notes.json/notes.md only when qcal wrote them (else --overwrite)."""
+    from qcal.fsio import check_file_outputs
+
+    main, side = eval_output_files(output)
+    check_file_outputs(main, tuple(side), overwrite=overwrite)
 
 
 def _print_summary(data: dict[str, Any]) -> None:

@@ -13,7 +13,8 @@ def add_parser(sub: Any) -> None:
                                    "compressed-tensors pack-quantized, AWQ GEMM) and write it in "
                                    "--format, with a model card.")
     p.add_argument("--model", required=True, help="the quantized checkpoint to convert")
-    p.add_argument("--format", required=True, choices=("gptq", "gptq_v2", "compressed-tensors", "awq"))
+    p.add_argument("--format", required=True, choices=("gptq", "gptq_v2", "compressed-tensors", "awq"),
+                   help="checkpoint format to write")
     p.add_argument("-o", "--output", type=Path, required=True, help="new checkpoint directory")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output that qcal did not write")

@@ -15,8 +15,12 @@ from qcal.config import AWQConfig, ModuleSelection, QuantScheme
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("quantize", help="quantize a HF model into a GPTQ-layout checkpoint")
     p.add_argument("--model", default=None, help="local HF model dir (default: embedded model)")
-    p.add_argument("--method", default="rtn", help="rtn, gptq or awq")
-    p.add_argument("--bits", type=int, default=4)
+    from qcal.methods import METHODS
+
+    p.add_argument("--method", default="rtn", choices=METHODS.names(),
+                   help="quantization method")
+    p.add_argument("--bits", type=int, default=4,
+                   help="bits per weight: 2, 4 or 8 (what a checkpoint can pack; awq format: 4)")
     p.add_argument("--group-size", default="auto",
                    help="weights per scale along in_features; -1 per channel; default auto: the "
                         "largest of 128/64/32 that divides every quantized in_features")
@@ -44,9 +48,10 @@ def add_parser(sub: Any) -> None:
                    help="calibration set dir, packaged corpus name, text/JSONL file or hf:<name>")
     p.add_argument("--selector", default=None,
                    help="selector when --calib is a source (default random); GPTQ/AWQ only")
-    p.add_argument("--nsamples", type=int, default=128)
-    p.add_argument("--seqlen", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nsamples", type=int, default=128, help="calibration windows (>= 1)")
+    p.add_argument("--seqlen", type=int, default=512,
+                   help="tokens per calibration (and --eval) window (>= 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration draw (>= 0)")
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N or auto (default: CUDA when present); layers visit it "
                         "one at a time")
@@ -164,12 +169,14 @@ def make_recipe(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from qcal.model.consistency import refuse_quantized_source
     from qcal.model.loading import resolve_model_dir
     from qcal.pipeline import OutputPolicy
     from qcal.recipe import run_recipe
 
     if args.show_arch:
         return _show_arch(args)
+    refuse_quantized_source(resolve_model_dir(args.model, args.trust_remote_code))
     if args.awq_artifact is not None:
         return _replay_awq(args)
     if args.nproc > 1:

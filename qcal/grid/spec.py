@@ -60,6 +60,10 @@ class GridSpec:
     eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
 
     def __post_init__(self) -> None:
+        from qcal.schema import validate_grid_keys
+
+        # The same schema as a YAML's keys, so a grid built in Python is checked alike.
+        validate_grid_keys({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         plain_name(self.name, "grid name")
         if not self.selectors or not self.methods:
             raise ConfigError("a grid needs at least one selector and one method")
@@ -157,13 +161,29 @@ class GridSpec:
 
 
 def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> GridSpec:
-    if not Path(path).is_file():
-        raise ConfigError(f"grid config {path} does not exist")
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    """A grid YAML, checked key by key (qcal.schema.grid) before anything runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"grid config {path} does not exist; give the path of a grid YAML "
+                          "(see configs/ for examples)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"grid config {path} is not valid YAML{where}: {problem}; fix the "
+                          "syntax (indentation, colons, quotes)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"grid config {path} is not UTF-8 text; save it as UTF-8") from None
+    if raw is None or raw == {}:
+        raise ConfigError(f"grid config {path} is empty; name at least the methods and "
+                          "selectors to compare (see configs/ for examples)")
     if not isinstance(raw, dict):
-        raise ConfigError(f"grid config {path} must be a mapping of GridSpec fields")
+        raise ConfigError(f"grid config {path} must be a mapping of grid keys (name: ..., "
+                          f"methods: [...]), not a {type(raw).__name__}")
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return grid_from_dict(raw)
+    return grid_from_dict(raw, where=f"grid config {path.name}")
 
 
 # Fields that change only the cells' recipes (their keys tell stale cells), not the grid.
@@ -173,31 +193,14 @@ RECIPE_ONLY_FIELDS = {"method_options": {}, "selector_options": {}}
 RENAMED_FIELDS = {"calibration": "confidence", "models": "model", "seeds": "seed"}
 
 
-def grid_from_dict(raw: dict[str, Any]) -> GridSpec:
-    raw = {RENAMED_FIELDS.get(k, k): v for k, v in raw.items()}
-    fields = {f.name for f in dataclasses.fields(GridSpec)}
-    unknown = set(raw) - fields
-    if unknown:
-        raise ConfigError(f"unknown grid fields {sorted(unknown)}; known: {sorted(fields)}")
-    clean = {}
-    for key, value in raw.items():
-        if key in {"selectors", "methods", "eval_langs", "tasks"} and isinstance(value, str):
-            value = [v for v in value.split(",") if v]
-        if key == "task_limits":
-            if not isinstance(value, dict):
-                raise ConfigError("task_limits must map a task to its number of items, e.g. "
-                                  "{mmlu: 50}")
-            clean[key] = dict(value)
-            continue
-        if key in ("method_options", "selector_options"):
-            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-                example = ("{gptq: {damp_percent: 0.02}}" if key == "method_options"
-                           else "{perplexity: {max_candidates: 256}}")
-                raise ConfigError(f"{key} must map a {key.split('_')[0]} to its options, e.g. "
-                                  f"{example}")
-            clean[key] = {m: dict(v) for m, v in value.items()}
-            continue
-        clean[key] = tuple(value) if isinstance(value, list) else value
+def grid_from_dict(raw: dict[str, Any], where: str = "grid") -> GridSpec:
+    from qcal.schema import validate_grid_keys
+
+    raw = {RENAMED_FIELDS.get(str(k), str(k)): v for k, v in raw.items()}
+    clean = validate_grid_keys(raw, where)  # types, ranges, unknown keys: one line each
+    for key in ("task_limits", "method_options", "selector_options"):
+        if key in clean:
+            clean[key] = {m: dict(v) if isinstance(v, dict) else v for m, v in clean[key].items()}
     return GridSpec(**clean)
 
 

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError
+from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError, RemoteCodeError
 from qcal.paths import PROVISIONED_MODELS, default_model_dir, models_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -44,16 +44,16 @@ def read_model_config(path: Path) -> dict[str, Any]:
 
 def check_remote_code(path: Path, raw: dict[str, Any], trust_remote_code: bool) -> None:
     """A config that needs the directory's own Python is refused without the explicit opt-in."""
+    from qcal.model.consistency import check_tokenizer_code
+
+    check_tokenizer_code(path, trust_remote_code)
     if trust_remote_code or not raw.get("auto_map"):
         return
     from transformers import CONFIG_MAPPING
 
     if raw["model_type"] not in CONFIG_MAPPING:
-        raise ModelNotFoundError(
-            f"{path} needs its own Python code (config.json auto_map, model_type "
-            f"{raw['model_type']!r}); qcal does not run it unless you pass --trust-remote-code "
-            "(only for code you have read and trust)"
-        )
+        raise RemoteCodeError(f"{path} needs its own Python code (config.json auto_map, "
+                              f"model_type {raw['model_type']!r})")
 
 
 def _short_name_dir(model: str | Path) -> Path | None:
@@ -161,12 +161,14 @@ def load_model(
     one clear error instead of a traceback or a silently wrong result."""
     from transformers import AutoModelForCausalLM
 
+    from qcal.model import consistency
     from qcal.packing.checkpoint import is_quantized_checkpoint, load_checkpoint
 
     path = resolve_model_dir(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     if check:
         check_weight_files(path)
+        consistency.check_model_files(path, trust_remote_code)  # no random init, sane packing
     if is_quantized_checkpoint(path):
         from qcal.model.resolve import arch_for
 
@@ -182,4 +184,6 @@ def load_model(
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelNotFoundError(f"cannot load the model in {path}: {first[:300]}") from None
     net.eval()
-    return net, load_tokenizer(path, trust_remote_code), path
+    tokenizer = load_tokenizer(path, trust_remote_code)
+    consistency.check_tokenizer_fits(net, tokenizer, path)
+    return net, tokenizer, path

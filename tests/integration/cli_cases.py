@@ -33,7 +33,7 @@ class Cli:
         err = self.capsys.readouterr().err
         return rc, err
 
-    def refused(self, *argv: str, match: str, case: str) -> str:
+    def refused(self, *argv: str, match: str, case: str, pattern: str | None = None) -> str:
         """Exit 2 with exactly one `error:` line that contains `match`; returns that line."""
         rc, err = self(*argv)
         errors = [ln for ln in err.splitlines() if "error:" in ln]
@@ -41,10 +41,11 @@ class Cli:
         assert "Traceback" not in err
         assert len(errors) == 1, err
         assert match in errors[0], errors[0]
-        self.record(case, argv, rc, errors[0])
+        self.record(case, argv, rc, errors[0], pattern)
         return errors[0]
 
-    def record(self, case: str, argv: tuple, rc: int, line: str) -> None:
+    def record(self, case: str, argv: tuple, rc: int, line: str, pattern: str | None = None
+               ) -> None:
         log = os.environ.get("QCAL_RELIABILITY_LOG")
         if not log:
             return
@@ -54,7 +55,10 @@ class Cli:
             return text.replace(tmp, "$T")
 
         with open(log, "a", encoding="utf-8") as handle:
+            pattern = pattern or getattr(self.request.module, "PATTERN", None)
             handle.write(json.dumps({"test": self.request.node.name, "case": case,
+                                     "pattern": pattern,
+                                     "module": self.request.module.__name__,
                                      "command": short("qcal " + " ".join(map(str, argv))),
                                      "exit": rc, "line": short(line.strip())}) + "\n")
 

@@ -1,0 +1,327 @@
+"""The options of every `qcal` command as typed models: one field per argparse `dest`,
+with its type, range and the rules that tie options together.
+
+To add an option: `p.add_argument("--foo", ...)` in the command's `add_parser`, and a
+field `foo: <type> = <default>` in its model below (the type carries the range; a rule
+between options goes into the model's `_rules`). tests/unit/test_schema_coverage.py fails
+for an argparse option without a field here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from qcal.schema.fields import (
+    Count,
+    Damp,
+    Device,
+    ExistingDir,
+    ExistingFile,
+    Flag,
+    NonNegative,
+    Options,
+    Regex,
+    Seed,
+    Selector,
+    SeqLen,
+    Source,
+    plain_list,
+    selector_langs,
+)
+
+FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
+Format = Literal["gptq", "gptq_v2", "compressed-tensors", "awq"]
+# Bit widths each checkpoint format can pack (whole int32 words; AWQ's GEMM layout is 4-bit).
+FORMAT_BITS = {"gptq": (2, 4, 8), "gptq_v2": (2, 4, 8), "compressed-tensors": (2, 4, 8),
+               "awq": (4,)}
+
+
+def check_group_size(value: str | int) -> str | int:
+    if str(value) == "auto":
+        return "auto"
+    try:
+        group = int(str(value))
+    except ValueError:
+        raise ValueError("must be auto, -1 (per channel) or a positive integer such as 32, 64 "
+                         "or 128") from None
+    if group != -1 and group < 1:
+        raise ValueError("must be auto, -1 (per channel) or a positive integer such as 128")
+    return value
+
+
+def check_method(name: str) -> str:
+    from qcal.methods import METHODS
+    from qcal.schema.fields import did_you_mean
+
+    if name not in METHODS:
+        raise ValueError(f"unknown method; {did_you_mean(name, METHODS.names())}known: "
+                         f"{', '.join(METHODS.names())}")
+    return name
+
+
+def known_langs(langs: list[str], source: str, flag: str) -> None:
+    """Each language is provisioned in the packaged corpus `source` (checked before any work)."""
+    from qcal.data import PACKAGED_SOURCES, available_languages
+    from qcal.errors import QcalError
+    from qcal.schema.fields import did_you_mean
+
+    if not langs or source not in PACKAGED_SOURCES:
+        return
+    try:
+        have = available_languages(source)
+    except QcalError as err:
+        raise ValueError(str(err)) from None
+    for lang in langs:
+        if lang not in have:
+            raise ValueError(f"{flag} {lang!r} is not in {source}; {did_you_mean(lang, have)}"
+                             f"available: {', '.join(have)}")
+
+
+Method = Annotated[str, AfterValidator(check_method)]
+GroupSize = Annotated[str | int, AfterValidator(check_group_size)]
+
+
+# In each model `device` comes first: fields are checked in order, and a device this machine
+# lacks is the first thing to say.
+class QuantizeOptions(Options):
+    device: Device = "auto"
+    model: str | None = None
+    method: Method = "rtn"
+    bits: int = Field(4, description="2, 4 or 8 (what a checkpoint can pack)", examples=[4])
+    group_size: GroupSize = "auto"
+    sym: Flag = False
+    allow_ragged_groups: Flag = False
+    strict_groups: Flag = False
+    desc_act: Flag = False
+    static_groups: Flag = False
+    damp: Damp = 0.01
+    mse_clip: Flag = False
+    no_clip: Flag = False
+    search_tokens: NonNegative | None = None
+    full_ratio_grid: Flag = False
+    awq_artifact: ExistingFile | None = None
+    calib: Source = "debian-handbook"
+    selector: Selector | None = None
+    nsamples: Count = 128
+    seqlen: SeqLen = 512
+    seed: Seed = 0
+    nproc: Count = 1
+    resume: Flag = False
+    overwrite: Flag = False
+    keep_work: Flag = False
+    trust_remote_code: Flag = False
+    format: Format = "gptq"
+    eval: Flag = False
+    eval_langs: str = "en"
+    eval_windows: Count = 16
+    output: Path | None = None
+    targets: list[Regex] = []
+    ignore: list[Regex] = []
+    moe_all_experts: Flag = False
+    show_arch: Flag = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> QuantizeOptions:
+        allowed = FORMAT_BITS[self.format]
+        if self.bits not in allowed:
+            raise ValueError(f"--bits {self.bits} cannot be packed in --format {self.format}; "
+                             f"choose --bits {' or '.join(map(str, allowed))}")
+        if self.desc_act and self.format == "awq":
+            raise ValueError("--desc-act (act-order) cannot be stored in --format awq (the AWQ "
+                             "layout has no g_idx); drop --desc-act or use --format gptq")
+        if self.allow_ragged_groups and self.format in ("compressed-tensors", "awq"):
+            raise ValueError(f"--allow-ragged-groups cannot be stored in --format {self.format}, "
+                             "which needs whole groups; drop it or use --format gptq")
+        if self.awq_artifact is not None and self.method != "awq":
+            raise ValueError("--awq-artifact replays an AWQ search; use it with --method awq")
+        known_langs(selector_langs(self.selector), self.calib, "--selector language")
+        langs = plain_list(self.eval_langs, "language")
+        if self.eval:
+            if not langs:
+                raise ValueError("--eval-langs is empty; give languages such as en,de")
+            known_langs(langs, "debian-handbook", "--eval-langs")
+        return self
+
+
+class EvalOptions(Options):
+    device: Device = "auto"
+    model: str | None = None
+    base: str | None = None
+    ppl: Flag = False
+    langs: str = "en"
+    source: Source = "debian-handbook"
+    text: ExistingFile | None = None
+    seqlen: SeqLen = 512
+    stride: Count | None = None
+    batch_size: Count = 4
+    max_windows: Count | None = None
+    tasks: str | None = None
+    include_path: list[ExistingDir] = []
+    limit: Count | None = None
+    task_limit: list[str] = []
+    num_fewshot: NonNegative | None = None
+    task_batch_size: Count = 16
+    confidence: Flag = False
+    ece_bins: Count = 15
+    list_tasks: Flag = False
+    backend: Literal["hf", "vllm"] = "hf"
+    trust_remote_code: Flag = False
+    output: Path | None = None
+    overwrite: Flag = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> EvalOptions:
+        tasks = plain_list(self.tasks, "task name")
+        if self.langs != "all":
+            langs = plain_list(self.langs, "language")
+            if (self.ppl or not tasks) and self.text is None:
+                known_langs(langs, self.source, "--langs")
+        if self.confidence and not tasks:
+            raise ValueError("--confidence scores multiple-choice items: add --tasks "
+                             "(e.g. --tasks qcal_nextsent_en)")
+        for text in self.task_limit:
+            task, sep, n = text.partition("=")
+            if not sep or not task.strip() or not n.strip().isdigit() or int(n) < 1:
+                raise ValueError(f"--task-limit {text!r}: write TASK=N with N a positive number (>= 1), e.g. "
+                                 "--task-limit mmlu=50")
+            if task.strip() not in tasks:
+                raise ValueError(f"--task-limit names {task.strip()!r}, which is not in --tasks")
+        return self
+
+
+class CalibBuildOptions(Options):
+    device: Device = "auto"
+    selector: Selector = "random"
+    source: Source = "debian-handbook"
+    model: str | None = None
+    n: Count = 128
+    seqlen: SeqLen = 512
+    seed: Seed = 0
+    langs: str | None = None
+    weights: str | None = None
+    mix: str | None = None
+    inner: str | None = None
+    mode: Literal["low", "high", "middle"] | None = None
+    objective: Literal["coverage", "invfreq"] | None = None
+    pool_size: Count | None = None
+    ref_model: str | None = None
+    batch_size: Count | None = None
+    score_tokens: Count | None = None
+    max_candidates: Count | None = None
+    no_pack: Flag = False
+    max_windows_per_doc: Count | None = None
+    output: Path | None = None
+    overwrite: Flag = False
+    trust_remote_code: Flag = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> CalibBuildOptions:
+        langs = plain_list(self.langs, "language")
+        known_langs(langs, self.source, "--langs")
+        known_langs(selector_langs(self.selector), self.source, "--selector language")
+        if self.mix is not None:
+            from qcal.schema.fields import check_selector
+
+            check_selector(f"mix:{self.mix}")
+        if self.weights is not None:
+            try:
+                weights = [float(w) for w in self.weights.split(",") if w.strip()]
+            except ValueError:
+                raise ValueError(f"--weights {self.weights!r}: give numbers, e.g. 0.5,0.5") from None
+            if any(not w > 0 for w in weights):
+                raise ValueError(f"--weights {self.weights!r}: every weight must be > 0")
+            if len(weights) != len(langs):
+                raise ValueError("--weights needs --langs with one weight per language")
+        return self
+
+
+class CalibShowOptions(Options):
+    name: str
+    full: Flag = False
+
+
+class CalibListOptions(Options):
+    dir: Path | None = None
+
+
+class CompareOptions(Options):
+    device: Device = "auto"
+    config: ExistingFile | None = None
+    name: str | None = None
+    model: str | None = None
+    selectors: str | None = None
+    methods: str | None = None
+    bits: int | None = None
+    group_size: int | None = None
+    sym: Flag | None = None
+    desc_act: Flag | None = None
+    source: Source | None = None
+    nsamples: Count | None = None
+    seqlen: SeqLen | None = None
+    seed: Seed | None = None
+    eval: str | None = None
+    eval_langs: str | None = None
+    eval_seqlen: SeqLen | None = None
+    max_windows: Count | None = None
+    limit: Count | None = None
+    results_dir: Path | None = None
+    shard: str | None = None
+    executor: Literal["local", "ray"] = "local"
+    address: str | None = None
+    jobs: Count = 1
+    discard_checkpoints: Flag = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> CompareOptions:
+        if self.shard is not None:
+            index, _, count = self.shard.partition("/")
+            if not (index.strip().isdigit() and count.strip().isdigit()) or not (
+                    0 <= int(index) < int(count)):
+                raise ValueError(f"--shard {self.shard!r} is not I/N with 0 <= I < N (e.g. 0/4)")
+        if self.address is not None and self.executor != "ray":
+            raise ValueError("--address joins a Ray cluster; add --executor ray or drop --address")
+        return self
+
+
+class ReportOptions(Options):
+    run_dir: list[ExistingDir] = []
+    title: str | None = None
+    study: str | None = None  # the studies (outside the core) check their own names
+    out: Path | None = None
+    bench_grid: list[ExistingDir] | None = None
+    out_benchmarks: Path | None = None
+
+
+class ExportOptions(Options):
+    model: str
+    format: Format
+    output: Path
+    overwrite: Flag = False
+
+
+class ProvisionOptions(Options):
+    only: str = "model,data,benchmarks"
+    models: str | None = None
+    force: Flag = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> ProvisionOptions:
+        from qcal.schema.fields import did_you_mean
+
+        parts = ("model", "models", "data", "benchmarks")
+        for part in (x.strip() for x in self.only.split(",") if x.strip()):
+            if part not in parts:
+                raise ValueError(f"--only {part!r} is not a part; {did_you_mean(part, parts)}"
+                                 "choose from model, data, benchmarks")
+        return self
+
+
+# `qcal <command> [<subcommand>]` -> its options model.
+COMMAND_SCHEMAS: dict[str, type[Options]] = {
+    "quantize": QuantizeOptions, "eval": EvalOptions, "calib build": CalibBuildOptions,
+    "calib show": CalibShowOptions, "calib list": CalibListOptions, "compare": CompareOptions,
+    "report": ReportOptions, "export": ExportOptions, "provision": ProvisionOptions,
+}

@@ -1,0 +1,227 @@
+"""Building blocks of the input schema: value types with their ranges, the plain-name and
+source rules, and the one-line rendering of a validation error.
+
+Every rule here is data pydantic enforces; the messages name the value, the allowed range
+and a fix, so `qcal` can print them as its one error line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from qcal.errors import ConfigError
+
+# Strict: YAML's "false" (a string) or 0 is never taken for a boolean.
+Flag = StrictBool
+Seed = Annotated[int, Field(ge=0, description="an integer >= 0", examples=[0])]
+Count = Annotated[int, Field(ge=1, description="an integer >= 1")]
+SeqLen = Annotated[int, Field(ge=2, description="an integer >= 2 (tokens per window)",
+                              examples=[512])]
+Damp = Annotated[float, Field(gt=0, lt=1, description="a fraction in (0, 1)", examples=[0.01])]
+NonNegative = Annotated[int, Field(ge=0, description="an integer >= 0")]
+
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _plain(value: str, what: str = "name") -> str:
+    from qcal.fsio import plain_name
+
+    try:
+        return plain_name(value, what)
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+
+
+def plain_list(text: str | None, what: str) -> list[str]:
+    """A comma-separated list of plain names (languages, tasks): each checked."""
+    return [_plain(x.strip(), what) for x in (text or "").split(",") if x.strip()]
+
+
+def check_device(value: str) -> str:
+    """A device string that names a device this machine has (`cuda` without CUDA is refused
+    here, before the model loads)."""
+    if not DEVICE.match(str(value).strip().lower()):
+        raise ValueError(f"{value!r} is not a device; use cpu, cuda, cuda:N or auto")
+    from qcal.devices import resolve_device
+
+    resolve_device(value)  # its ConfigError is a ValueError: pydantic reports it
+    return value
+
+
+Device = Annotated[str, AfterValidator(check_device)]
+PlainName = Annotated[str, AfterValidator(_plain)]
+
+
+def check_source(spec: str) -> str:
+    """A text source is a path that exists, hf:<dataset>, or a plain corpus/set name: never a
+    name that climbs out of the corpus folder (`../../x`)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("a source is a packaged corpus name, a .txt/.jsonl path or hf:<name>")
+    if spec.startswith("hf:") or Path(spec).expanduser().exists():
+        return spec
+    if Path(spec).suffix.lower() in (".txt", ".jsonl", ".json", ".md"):
+        raise ValueError(f"file {spec} does not exist; give an existing .txt/.jsonl file")
+    _plain(spec, "corpus name")
+    return spec
+
+
+Source = Annotated[str, AfterValidator(check_source)]
+
+
+def check_selector(spec: str) -> str:
+    """Languages named inside a selector (ml:<lang>, mix:<lang>=w) are plain names."""
+    head, _, arg = spec.strip().partition(":")
+    if not head:
+        raise ValueError("a selector needs a name, e.g. random, zipf, ml:de or mix:uniform")
+    if head in ("ml", "mix"):
+        for part in arg.split(","):
+            lang = part.partition("=")[0].strip()
+            if lang:
+                _plain(lang, "language")
+    return spec
+
+
+Selector = Annotated[str, AfterValidator(check_selector)]
+
+
+def selector_langs(spec: str | None) -> list[str]:
+    """Languages a selector names itself: ml:de,fr and mix:en=0.5,de=0.5 (not mix:uniform)."""
+    head, _, arg = (spec or "").strip().partition(":")
+    parts = [p.strip() for p in arg.split(",") if p.strip()]
+    if head == "ml":
+        return parts
+    if head == "mix":
+        return [p.partition("=")[0].strip() for p in parts if "=" in p]
+    return []
+
+
+def existing_file(path: Path) -> Path:
+    if not Path(path).expanduser().is_file():
+        raise ValueError(f"file {path} does not exist; give the path of an existing file")
+    return path
+
+
+def existing_dir(path: Path) -> Path:
+    if not Path(path).expanduser().is_dir():
+        raise ValueError(f"directory {path} does not exist; give an existing directory")
+    return path
+
+
+def check_regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"is not a regular expression ({err}); e.g. 'lm_head|.*gate$'") from None
+    return pattern
+
+
+def check_bytes(text: str) -> str:
+    """A size such as 4GiB, 500MB or 1073741824 (kept as written; ByteSize reads it)."""
+    from pydantic import ByteSize, TypeAdapter
+
+    try:
+        size = TypeAdapter(ByteSize).validate_python(text)
+    except ValueError:
+        raise ValueError("is not a size; write e.g. 4GiB, 500MB or a number of bytes") from None
+    if size <= 0:
+        raise ValueError("must be a positive size, e.g. 4GiB")
+    return text
+
+
+# For options still to come (`--ignore REGEX`, `--max-memory 4GiB`): one field line each.
+Regex = Annotated[str, AfterValidator(check_regex)]
+Size = Annotated[str, AfterValidator(check_bytes)]
+ExistingFile = Annotated[Path, AfterValidator(existing_file)]
+ExistingDir = Annotated[Path, AfterValidator(existing_dir)]
+
+
+class Options(BaseModel):
+    """Base of every schema model: unknown fields are errors, a validated model is frozen,
+    and booleans are strict (`Flag`): nothing is coerced into one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+def did_you_mean(word: str, known: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _allowed(model: type[BaseModel], field: str) -> str:
+    info = model.model_fields.get(field)
+    if info is None:
+        return ""
+    bits = [m.description for m in info.metadata if getattr(m, "description", None)]
+    if info.description:
+        bits.append(info.description)
+    return bits[0] if bits else ""
+
+
+def _example(model: type[BaseModel], field: str) -> Any:
+    info = model.model_fields.get(field)
+    if info is None:
+        return None
+    for m in [info, *info.metadata]:
+        examples = getattr(m, "examples", None)
+        if examples:
+            return examples[0]
+    default = info.default
+    return None if default is None or isinstance(default, (bool, dict, list, tuple)) else default
+
+
+BOUNDS = {"ge": ">= {}", "gt": "> {}", "le": "<= {}", "lt": "< {}"}
+
+
+def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: Any = str,
+               yaml: bool = False) -> str:
+    """The first problem of `err` as one line: which field, which value, what is allowed, and
+    the fix. `label(field)` spells the field as the user wrote it (`--seed`, `grid key seed`);
+    `show(value)` the value (the CLI's are strings; a YAML's type matters, so repr there)."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    if isinstance(first.get("input"), list):  # an axis given as a list: the bad element
+        first = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = [str(x) for x in first.get("loc", ())]
+    field = loc[0] if loc else ""
+    where = label(field)
+    value = first.get("input")
+    msg = str(first.get("msg", "invalid"))
+    if first.get("type") == "extra_forbidden":
+        known = sorted(model.model_fields)
+        return f"{where} is not a known setting; {did_you_mean(field, known)}known: {', '.join(known)}"
+    if msg.startswith(("Value error, ", "Assertion failed, ")):
+        text = msg.split(", ", 1)[1]
+        if not field or text.startswith(where):
+            return text
+        return f"{where} {show(value)}: {text}"
+    msg = msg[0].lower() + msg[1:]
+    allowed = _allowed(model, field)
+    ctx = first.get("ctx") or {}
+    if first.get("type") == "literal_error" and isinstance(value, str):
+        choices = [c.strip(" '") for c in str(ctx.get("expected", "")).replace(" or ", ",").split(",")]
+        msg = f"{did_you_mean(value, choices)}choose one of {', '.join(c for c in choices if c)}"
+        return f"{where} {show(value)} is not a choice; {msg}"
+    if not allowed:
+        allowed = " and ".join(BOUNDS[k].format(v) for k, v in ctx.items() if k in BOUNDS)
+    example = _example(model, field)
+    bound = next((v for k, v in ctx.items() if k in ("ge", "le")), None)
+    if example is None and bound is not None:
+        example = bound
+    spelled = f"{field}: {example}" if yaml else f"{label(field)} {example}"
+    fix = f"; e.g. {spelled}" if example is not None else ""
+    return (f"{where} {show(value)} is invalid ({msg})"
+            + (f"; allowed: {allowed}" if allowed else "") + fix)
+
+
+def validate(model: type[BaseModel], data: dict[str, Any], label: Any,
+             show: Any = str, yaml: bool = False) -> BaseModel:
+    """`model(**data)` or a ConfigError with one line naming field, value, range and fix."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(error_line(err, model, label, show, yaml)) from None
