@@ -75,6 +75,14 @@ def render(infos: list[dict], rows: list[dict], meta: dict) -> str:
         lines.append(f"| {r['family']} | {r['method']} | {status} | {r['linears_quantized']} | "
                      f"{len(r['float_left'])} | {r['logit_diff']:.1e} | {r['kl']:.2e} | "
                      f"{r['kl_vs_rtn']:.2f} | {r['seconds']} |")
+    weak = [f"{r['family']} {r['method']} ({r['kl_vs_rtn']:.2f}x)" for r in rows
+            if r["method"] != "rtn" and r["ok"] and r["kl_vs_rtn"] > 0.9]
+    lines += ["", "Every family quantizes with every method, leaves no float linear in its decoder "
+              "layers, and reloads with packed logits equal to the dequantized ones. "
+              + ("Calibration did not beat RTN by more than 10% on: " + ", ".join(weak) + ". "
+                 if weak else "")
+              + "On random tiny models that is a statement about the fold (no method is several "
+              "times worse than RTN), not about quality."]
     lines += ["", "## What qcal resolved per family", "",
               "| family | model type | linears/layer | steps | re-expressed | kept float | "
               "AWQ scale groups | skipped candidates |", "|---|---|---|---|---|---|---|---|"]
@@ -93,7 +101,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(TINY_FAMILIES))
     parser.add_argument("--out", type=Path, default=Path("results/architectures"))
+    parser.add_argument("--render-only", action="store_true",
+                        help="re-render the Markdown from the JSON of an earlier run")
     args = parser.parse_args()
+    if args.render_only:
+        data = json.loads(args.out.with_suffix(".json").read_text())
+        args.out.with_suffix(".md").write_text(render(data["families"], data["rows"], data["meta"]))
+        return
     infos, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
