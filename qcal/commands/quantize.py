@@ -61,10 +61,12 @@ def add_parser(sub: Any) -> None:
                    help="keep <output>.work (per-layer resume state) after a successful run")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model directory's own Python code to run (off by default)")
-    p.add_argument("--format", default="gptq", choices=("gptq", "gptq_v2", "compressed-tensors", "awq"),
-                   help="checkpoint format: gptq (default), gptq_v2 (true zero points: what "
-                        "GPTQModel needs for asymmetric schemes), compressed-tensors (pack-quantized, "
-                        "vLLM native) or awq (AutoAWQ GEMM layout, 4-bit, no act-order)")
+    p.add_argument("--format", default="compressed-tensors",
+                   choices=("compressed-tensors", "gptq", "gptq_v2", "awq"),
+                   help="checkpoint format: compressed-tensors (default: pack-quantized, loads in "
+                        "bare transformers, lm_eval and vLLM), gptq (needs GPTQModel/optimum in "
+                        "transformers), gptq_v2 (true zero points: what GPTQModel needs for "
+                        "asymmetric schemes) or awq (AutoAWQ GEMM layout, 4-bit, no act-order)")
     p.add_argument("--eval", action="store_true",
                    help="afterwards, print float vs quantized perplexity on held-out text")
     p.add_argument("--eval-langs", default="en", help="with --eval: languages (e.g. en,de)")

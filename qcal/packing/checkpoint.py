@@ -31,6 +31,9 @@ WEIGHTS_NAME = "model.safetensors"
 QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 CHECKPOINT_KIND = "checkpoint"
 QUANT_METHODS = ("gptq", "compressed-tensors", "awq")  # quantization_config.quant_method
+# The default: the one format that bare transformers (with compressed-tensors, a qcal
+# dependency), lm_eval's hf model and vLLM all load natively, symmetric or not (docs/formats.md).
+DEFAULT_FORMAT = "compressed-tensors"
 # --format names: gptq_v2 is the GPTQ layout with true zero points (GPTQModel 7.6 loads an
 # asymmetric GPTQ checkpoint only so); gptq stores zero - 1 (v1) unless a zero point is 0.
 FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
@@ -132,20 +135,19 @@ def _other_format_state(model: nn.Module, fmt: str, sym: bool, fields: dict[str,
     first = next(iter(layers.values()))
     state = _state_for_disk(model, "gptq_v2")
     dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
-    actorder = False
     for name, layer in layers.items():
         for suffix in QUANT_SUFFIXES:
             state.pop(f"{name}.{suffix}")
         codes = formats.codes_of(layer)
-        actorder = actorder or not codes.contiguous_groups
         new = (formats.ct_tensors(name, codes, dtype, sym) if fmt == "compressed-tensors"
                else formats.awq_tensors(name, codes))
         state.update({k: v.contiguous() for k, v in new.items()})
     if fmt == "awq":
         return state, formats.awq_config(first.bits, first.group_size)
     ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    # Act-order reaches this format only with static groups (ct_tensors refuses g_idx).
     return state, formats.ct_config(first.bits, first.group_size, sym,
-                                    actorder or bool(fields.get("desc_act")), ignore)
+                                    bool(fields.get("desc_act")), ignore)
 
 
 def is_legacy_qcal_checkpoint(path: Path) -> bool:
@@ -167,6 +169,31 @@ def is_quantized_checkpoint(path: Path | str) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return qc.get("quant_method") in QUANT_METHODS
+
+
+def checkpoint_summary(path: Path | str) -> dict[str, Any]:
+    """Method, scheme, source and calibration of a quantized checkpoint in any format:
+    from its quant_log.json (qcal's) or else from the GPTQ-style quantization_config."""
+    path = Path(path)
+    qc = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+    try:
+        log = json.loads((path / "quant_log.json").read_text())
+    except (OSError, ValueError):
+        log = dict(qc.get("meta") or {})
+    config = log.get("config") or {}
+    scheme = config.get("scheme") or {}
+    if qc.get("quant_method") == "compressed-tensors" and not scheme:
+        from qcal.packing.formats import ct_scheme
+
+        bits, group = ct_scheme(qc)[:2]
+        scheme = {"bits": bits, "group_size": group}
+    return {"method": log.get("method", qc.get("quant_method")),
+            "bits": scheme.get("bits", qc.get("bits")),
+            "group_size": scheme.get("group_size", qc.get("group_size")),
+            "sym": scheme.get("sym", qc.get("sym")),
+            "desc_act": config.get("desc_act", qc.get("desc_act")),
+            "source_model": log.get("source_model"), "calibration": log.get("calibration"),
+            "format": log.get("format") or qc.get("checkpoint_format") or qc.get("quant_method")}
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:

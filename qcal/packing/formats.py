@@ -1,11 +1,13 @@
 """On-disk formats of a quantized linear besides the GPTQ layout, both directions.
 
-- `compressed-tensors` "pack-quantized" (what vLLM loads natively and transformers loads
-  through the `compressed-tensors` package): per linear `weight_packed` int32
-  [out, in*bits/32] (codes along in_features, element i at bit i*bits, stored with the
-  signed offset 2**(bits-1)), `weight_scale` [out, groups] in the model's float dtype,
-  `weight_zero_point` int32 [out*bits/32, groups] (asymmetric only; packed along out),
-  `weight_shape` [2], and `weight_g_idx` [in] when act-order reorders groups.
+- `compressed-tensors` "pack-quantized" (qcal's default: vLLM serves it natively and
+  transformers loads it with the `compressed-tensors` package alone): per linear
+  `weight_packed` int32 [out, in*bits/32] (codes along in_features, element i at bit
+  i*bits, stored with the signed offset 2**(bits-1)), `weight_scale` [out, groups] in the
+  model's float dtype, `weight_zero_point` int32 [out*bits/32, groups] (asymmetric only;
+  packed along out), `weight_shape` [2]. compressed-tensors 0.20 stores act-order only as
+  `actorder: "weight"` (columns visited in activation order, groups contiguous: GPTQ's
+  static groups), so it has no `weight_g_idx`; qcal still reads one in older files.
 - AWQ GEMM (`quant_method: awq`, `version: gemm`, AutoAWQ's layout): `qweight` int32
   [in, out/8] and `qzeros` int32 [groups, out/8], both packing 8 output columns per word
   in the interleaved order 0 2 4 6 1 3 5 7; `scales` fp16 [groups, out]; 4-bit, groups
@@ -81,6 +83,11 @@ def ct_tensors(name: str, c: LinearCodes, dtype: torch.dtype, sym: bool) -> dict
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     require_whole_groups(name, c, "compressed-tensors")
+    if not c.contiguous_groups:
+        raise CheckpointError(
+            f"{name} has act-order groups (g_idx), which compressed-tensors 0.20 cannot store; "
+            "quantize with --desc-act --static-groups for compressed-tensors, or use --format gptq"
+        )
     offset = 1 << (c.bits - 1)
     out = {f"{name}.weight_packed": pack_to_int32((c.codes - offset).to(torch.int8), c.bits),
            f"{name}.weight_scale": c.scales.T.contiguous().to(dtype),
@@ -90,8 +97,6 @@ def ct_tensors(name: str, c: LinearCodes, dtype: torch.dtype, sym: bool) -> dict
         out[f"{name}.weight_zero_point"] = pack_to_int32(zp, c.bits, packed_dim=0)
     elif not bool((c.zeros == offset).all()):
         raise CheckpointError(f"{name}: a symmetric scheme needs zero points of {offset}")
-    if not c.contiguous_groups:
-        out[f"{name}.weight_g_idx"] = c.g_idx.to(torch.int32)
     return out
 
 
@@ -116,16 +121,33 @@ def ct_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: i
 
 def ct_config(bits: int, group_size: int, sym: bool, actorder: bool,
               ignore: list[str]) -> dict[str, Any]:
-    weights = {"num_bits": bits, "type": "int", "symmetric": sym, "dynamic": False,
-               "strategy": "channel" if group_size == -1 else "group",
-               "group_size": None if group_size == -1 else group_size,
-               "actorder": "group" if actorder else None, "observer": "minmax"}
-    return {"quant_method": "compressed-tensors", "format": CT_FORMAT,
-            "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
-                                          "input_activations": None,
-                                          "output_activations": None, "format": CT_FORMAT}},
-            "ignore": ignore, "kv_cache_scheme": None}
+    """quantization_config of a pack-quantized checkpoint, built (and so validated) by
+    compressed-tensors' own config classes, then serialized as its ModelCompressor does."""
+    import compressed_tensors
+    from compressed_tensors.quantization import (
+        ActivationOrdering,
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+    )
+
+    weights = QuantizationArgs(num_bits=bits, type="int", symmetric=sym,
+                               strategy="channel" if group_size == -1 else "group",
+                               group_size=None if group_size == -1 else group_size,
+                               actorder=ActivationOrdering.WEIGHT if actorder else None)
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights, format=CT_FORMAT)
+    config = QuantizationConfig(config_groups={"group_0": scheme}, format=CT_FORMAT,
+                                quantization_status=QuantizationStatus.COMPRESSED, ignore=ignore)
+    out = {"version": compressed_tensors.__version__, **config.model_dump(mode="json")}
+    if not sym:
+        # transformers' compressed path (compressed-tensors 0.20.1) sizes the model's zero
+        # points unpacked, [out, groups], and refuses the packed ones every writer stores
+        # (vLLM reads only those). `dequantize` is a documented CompressedTensorsConfig field
+        # that transformers reads from config.json: it then decompresses at load time,
+        # which unpacks them correctly; vLLM and compressed-tensors ignore the key.
+        out["dequantize"] = True
+    return out
 
 
 def ct_scheme(qcfg: dict[str, Any]) -> tuple[int, int, list[str], list[str]]:
