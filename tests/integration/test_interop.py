@@ -106,3 +106,28 @@ def test_lm_eval_cli_loads_the_default_format(checkpoints, tmp_path: Path, sym: 
     assert len(results) == 1, run.stdout[-1000:]
     task = json.loads(results[0].read_text())["results"]["qcal_nextsent_en"]
     assert 0.0 <= task["acc,none"] <= 1.0
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != DEFAULT_FORMAT])
+def test_the_cards_recipe_for_other_formats_loads_in_bare_transformers(
+        checkpoints, tmp_path: Path, fmt: str) -> None:
+    """The model card of a non-default format says: convert with `qcal export`; that works."""
+    from transformers import AutoModelForCausalLM
+
+    from qcal.cli import main
+    from qcal.packing.card import model_card
+
+    card = model_card({"method": "gptq", "config": {}}, fmt, "org/name")
+    assert "qcal export --model <this folder> --format compressed-tensors -o <new dir>" in card
+    path, logits = checkpoints[fmt, False, True]
+    if fmt != "awq":  # act-order groups in g_idx: refused in one line, as the card says
+        assert main(["export", "--model", str(path), "--format", DEFAULT_FORMAT,
+                     "-o", str(tmp_path / "x")]) == 2
+        assert "has no compressed-tensors form" in card and not (tmp_path / "x").exists()
+        path, logits = checkpoints[fmt, False, False]
+    assert main(["export", "--model", str(path), "--format", DEFAULT_FORMAT,
+                 "-o", str(tmp_path / "ct")]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ct"), dtype=torch.float32)
+    with torch.no_grad():
+        theirs = hf(PROMPTS).logits
+    assert float((theirs - logits).abs().max() / logits.abs().max()) < 1e-4
