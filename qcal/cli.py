@@ -13,6 +13,7 @@ import sys
 from qcal_kernels.errors import KernelError
 
 from qcal.errors import QcalError
+from qcal.logs import to_stderr as log_to_stderr
 
 COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare", "export", "provision")
 USER_FIXABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM)
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    log_to_stderr()  # library messages (per-layer losses, ...) on stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.command_line = "qcal " + shlex.join(str(a) for a in argv)  # for model cards and logs
