@@ -168,6 +168,10 @@ class CalibConfig:
     nsamples: int = 128
     seqlen: int = 512
     seed: int = 0
+    # How records of a dataset / JSONL source become text: the field to read, or `chat`:
+    # render a record's `messages` with the model's chat template.
+    text_field: str = dataclasses.field(default="text", metadata={"key_if_set": True})
+    chat: bool = dataclasses.field(default=False, metadata={"key_if_set": True})
 
     def __post_init__(self) -> None:
         if self.nsamples < 1:

@@ -163,7 +163,8 @@ def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
     options = {"device": device} if cfg.selector.startswith(("perplexity", "ppl")) else {}
     if cache is None:
         return resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
-                             seed=cfg.seed, selector=cfg.selector, **options)
+                             seed=cfg.seed, selector=cfg.selector, text_field=cfg.text_field,
+                             chat=cfg.chat, **options)
     info = tokenizer_info(tokenizer)
     # The prefix joins the key only where there is one, so prefix-free keys stay as they were.
     key = fingerprint("calib", cfg, info["fingerprint"], *([info["prefix"]] if "prefix" in info
@@ -174,7 +175,8 @@ def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
         if (path / "manifest.json").is_file():
             return load_calib_set(path)
         calib = resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
-                              seed=cfg.seed, selector=cfg.selector, **options)
+                              seed=cfg.seed, selector=cfg.selector, text_field=cfg.text_field,
+                              chat=cfg.chat, **options)
         save_calib_set(calib, path)
     return calib
 

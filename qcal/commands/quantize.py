@@ -41,7 +41,12 @@ def add_parser(sub: Any) -> None:
                    help="AWQ: replay a saved search (<checkpoint>/artifacts/awq_search.safetensors) "
                         "instead of searching; needs no calibration data")
     p.add_argument("--calib", default="debian-handbook",
-                   help="calibration set dir, packaged corpus name, text/JSONL file or hf:<name>")
+                   help="calibration set dir, packaged corpus name, .txt/.jsonl/.parquet file, "
+                        "dataset folder (save_to_disk or data files) or hf:<name>")
+    p.add_argument("--text-field", default="text",
+                   help="the record field that holds the text (JSONL, Parquet, datasets)")
+    p.add_argument("--chat", action="store_true",
+                   help="records are chats: render their 'messages' with the model's chat template")
     p.add_argument("--selector", default=None,
                    help="selector when --calib is a source (default random); GPTQ/AWQ only")
     p.add_argument("--nsamples", type=int, default=128)
@@ -140,7 +145,8 @@ def make_recipe(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--selector chooses calibration data, which --method {args.method} "
                           "does not use; drop --selector or use --method gptq/awq")
     calib = (CalibConfig(selector=args.selector or "random", source=args.calib,
-                         nsamples=args.nsamples, seqlen=args.seqlen, seed=args.seed)
+                         nsamples=args.nsamples, seqlen=args.seqlen, seed=args.seed,
+                         text_field=args.text_field, chat=args.chat)
              if method.needs_calibration else None)
     evaluation = None
     if args.eval:
