@@ -298,6 +298,8 @@ def _as_gptq_state(state: dict[str, torch.Tensor], method: str, bits: int,
         try:
             codes = (formats.ct_codes(state, name, bits, group_size) if method != "awq"
                      else formats.awq_codes(state, name, bits, group_size))
+        except CheckpointError:
+            raise  # already one line naming the tensor
         except (KeyError, RuntimeError, ValueError) as err:
             raise CheckpointError(f"{method} tensors of {name} are incomplete or mis-shaped "
                                   f"({str(err).splitlines()[0][:120]}); re-create the checkpoint") from None

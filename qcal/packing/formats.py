@@ -104,6 +104,13 @@ def ct_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: i
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
     shape = torch.Size(int(v) for v in state[f"{name}.weight_shape"])
+    packed = state[f"{name}.weight_packed"]
+    words = -(-shape[1] * bits // 32)
+    if tuple(packed.shape) != (shape[0], words):
+        # The unpacker would read a prefix of the words without complaint.
+        raise CheckpointError(f"checkpoint tensor {name}.weight_packed has shape "
+                              f"{tuple(packed.shape)}, expected {(shape[0], words)} for "
+                              f"{bits}-bit weights; the checkpoint does not match its config.json")
     offset = 1 << (bits - 1)
     codes = unpack_from_int32(state[f"{name}.weight_packed"], bits, shape).to(torch.int64) + offset
     scales = state[f"{name}.weight_scale"].T.contiguous()
