@@ -63,3 +63,10 @@ def test_a_model_not_in_the_cache_is_one_line(hub_cache: Path, tmp_path: Path, s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "hf download" in err[0] and "HF_HUB_OFFLINE=0" in err[0]
     assert not (tmp_path / "never").exists()
+
+
+def test_the_python_api_takes_a_hub_id(hub_cache: Path) -> None:
+    from qcal.api import load
+
+    model = load("testorg/tiny-lm")
+    assert model.qcal_checkpoint == str(hub_cache) and model.qcal_tokenizer is not None
