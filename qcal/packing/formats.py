@@ -126,10 +126,13 @@ def ct_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: i
     return LinearCodes(codes, zeros, scales, g_idx.to(torch.int32), bits, group_size)
 
 
-def ct_config(bits: int, group_size: int, sym: bool, actorder: bool,
+def ct_config(groups: list[tuple[int, int, list[str]]], sym: bool, actorder: bool,
               ignore: list[str]) -> dict[str, Any]:
     """quantization_config of a pack-quantized checkpoint, built (and so validated) by
-    compressed-tensors' own config classes, then serialized as its ModelCompressor does."""
+    compressed-tensors' own config classes, then serialized as its ModelCompressor does.
+
+    `groups`: (bits, group size, targets) per scheme; one scheme targets every "Linear",
+    several (per-module schemes) name their linears, so no module matches two groups."""
     import compressed_tensors
     from compressed_tensors.quantization import (
         ActivationOrdering,
@@ -139,38 +142,69 @@ def ct_config(bits: int, group_size: int, sym: bool, actorder: bool,
         QuantizationStatus,
     )
 
-    weights = QuantizationArgs(num_bits=bits, type="int", symmetric=sym,
-                               strategy="channel" if group_size == -1 else "group",
-                               group_size=None if group_size == -1 else group_size,
-                               actorder=ActivationOrdering.WEIGHT if actorder else None)
-    scheme = QuantizationScheme(targets=["Linear"], weights=weights, format=CT_FORMAT)
-    config = QuantizationConfig(config_groups={"group_0": scheme}, format=CT_FORMAT,
+    schemes = {}
+    for i, (bits, group_size, targets) in enumerate(groups):
+        weights = QuantizationArgs(num_bits=bits, type="int", symmetric=sym,
+                                   strategy="channel" if group_size == -1 else "group",
+                                   group_size=None if group_size == -1 else group_size,
+                                   actorder=ActivationOrdering.WEIGHT if actorder else None)
+        schemes[f"group_{i}"] = QuantizationScheme(targets=targets, weights=weights,
+                                                   format=CT_FORMAT)
+    config = QuantizationConfig(config_groups=schemes, format=CT_FORMAT,
                                 quantization_status=QuantizationStatus.COMPRESSED, ignore=ignore)
     out = {"version": compressed_tensors.__version__, **config.model_dump(mode="json")}
-    if not sym:
+    if not sym and len(groups) == 1:
         # transformers' compressed path (compressed-tensors 0.20.1) sizes the model's zero
         # points unpacked, [out, groups], and refuses the packed ones every writer stores
         # (vLLM reads only those). `dequantize` is a documented CompressedTensorsConfig field
         # that transformers reads from config.json: it then decompresses at load time,
         # which unpacks them correctly; vLLM and compressed-tensors ignore the key.
+        # transformers 5.24 dequantizes every dense linear with ONE config group's scheme,
+        # so with several groups the flag would load wrong weights in silence; without it
+        # transformers refuses such a file loudly (docs/formats.md).
         out["dequantize"] = True
     return out
 
 
-def ct_scheme(qcfg: dict[str, Any]) -> tuple[int, int, list[str], list[str]]:
-    """(bits, group size, targets, ignore) of a pack-quantized config qcal can read."""
+def ct_groups(qcfg: dict[str, Any]) -> list[tuple[int, int, list[str]]]:
+    """(bits, group size, targets) of each weight-only config group qcal can read."""
     if qcfg.get("format") != CT_FORMAT:
         raise CheckpointError(f"compressed-tensors format {qcfg.get('format')!r} is not supported; "
                               f"qcal reads {CT_FORMAT!r}")
     groups = list((qcfg.get("config_groups") or {}).values())
-    if len(groups) != 1 or not groups[0].get("weights"):
-        raise CheckpointError("qcal reads compressed-tensors checkpoints with one weight-only "
-                              "config group")
-    w = groups[0]["weights"]
-    if w.get("type") != "int" or groups[0].get("input_activations"):
-        raise CheckpointError("qcal reads integer weight-only compressed-tensors checkpoints")
-    group = -1 if w.get("strategy") == "channel" else int(w["group_size"])
-    return int(w["num_bits"]), group, list(groups[0].get("targets") or []), qcfg.get("ignore") or []
+    if not groups or not all(isinstance(g, dict) and g.get("weights") for g in groups):
+        raise CheckpointError("qcal reads compressed-tensors checkpoints whose config groups "
+                              "are weight-only")
+    out = []
+    for g in groups:
+        w = g["weights"]
+        if w.get("type") != "int" or g.get("input_activations"):
+            raise CheckpointError("qcal reads integer weight-only compressed-tensors checkpoints")
+        group = -1 if w.get("strategy") == "channel" else int(w["group_size"])
+        out.append((int(w["num_bits"]), group, list(g.get("targets") or [])))
+    return out
+
+
+def ct_scheme(qcfg: dict[str, Any]) -> tuple[int, int, list[str], list[str]]:
+    """(bits, group size, targets, ignore) of the first config group."""
+    bits, group, targets = ct_groups(qcfg)[0]
+    return bits, group, targets, qcfg.get("ignore") or []
+
+
+def ct_layer_scheme(groups: list[tuple[int, int, list[str]]], name: str) -> tuple[int, int]:
+    """(bits, group size) of linear `name`: the group that names it (exactly or by a
+    `re:` pattern) before one that targets every "Linear"."""
+    import re
+
+    for bits, group, targets in groups:
+        for t in targets:
+            if t == name or (t.startswith("re:") and re.fullmatch(t[3:], name)):
+                return bits, group
+    for bits, group, targets in groups:
+        if "Linear" in targets:
+            return bits, group
+    raise CheckpointError(f"no compressed-tensors config group targets {name}; the checkpoint "
+                          "does not match its config.json")
 
 
 # --- AWQ GEMM ---------------------------------------------------------------------------

@@ -131,3 +131,52 @@ def test_the_cards_recipe_for_other_formats_loads_in_bare_transformers(
     with torch.no_grad():
         theirs = hf(PROMPTS).logits
     assert float((theirs - logits).abs().max() / logits.abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_per_module_schemes_are_config_groups_that_loaders_honour(tiny_model_dir: Path,
+                                                                  tmp_path: Path, sym: bool) -> None:
+    """Linears of two widths (what --scheme-override makes): one config group per scheme,
+    naming its linears; qcal reads each linear at its own width, and so does bare
+    transformers for symmetric schemes. Asymmetric mixed widths: transformers 5.24's
+    load-time dequantization has one scheme for all dense linears, so the file does not ask
+    for it and transformers refuses it loudly rather than loading wrong weights."""
+    from transformers import AutoModelForCausalLM
+
+    from qcal.config import RTNConfig
+    from qcal.errors import CheckpointError
+    from qcal.module_tree import get_module, set_module
+    from qcal.packing.checkpoint import quant_modules
+
+    nets = {}
+    for bits in (4, 8):
+        nets[bits], tok, _ = load_model(tiny_model_dir)
+        METHODS.get("rtn").run(nets[bits], RTNConfig(QuantScheme(bits, 32, sym=sym)), None,
+                               RunOptions(progress=False))
+    net = nets[4]
+    wide = [n for n in quant_modules(net) if n.endswith("down_proj")]
+    for name in wide:
+        set_module(net, name, get_module(nets[8], name))
+    save_checkpoint(net, tmp_path / "ct", tok, sym=sym, fmt="compressed-tensors")
+    qcfg = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    groups = qcfg["config_groups"]
+    assert "dequantize" not in qcfg
+    by_bits = {g["weights"]["num_bits"]: sorted(g["targets"]) for g in groups.values()}
+    assert by_bits[8] == sorted(wide) and len(by_bits[4]) == len(quant_modules(net)) - len(wide)
+    back = load_checkpoint(tmp_path / "ct")
+    assert {n: q.bits for n, q in quant_modules(back).items()} == {
+        n: q.bits for n, q in quant_modules(net).items()}
+    with torch.no_grad():
+        ours = net(PROMPTS).logits
+        torch.testing.assert_close(back(PROMPTS).logits, ours, rtol=0, atol=0)
+        if not sym:
+            with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+                AutoModelForCausalLM.from_pretrained(str(tmp_path / "ct"), dtype=torch.float32)
+        else:
+            theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ct"),
+                                                          dtype=torch.float32)(PROMPTS).logits
+            assert float((theirs - ours).abs().max() / ours.abs().max()) < 1e-4
+    with pytest.raises(CheckpointError, match="AWQ GEMM layout holds one scheme"):
+        save_checkpoint(net, tmp_path / "awq", tok, sym=sym, fmt="awq")
+    with pytest.raises(CheckpointError, match="gptq quantization_config holds one scheme"):
+        save_checkpoint(net, tmp_path / "gptq", tok, sym=sym, fmt="gptq")
