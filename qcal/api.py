@@ -14,6 +14,7 @@ drawn unless asked (`progress=True`).
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from qcal.config import CalibConfig, EvalConfig, QuantScheme
 from qcal.config import from_dict as config_from_dict
 from qcal.errors import ConfigError
+from qcal.model.hub import parse_hub_id
 
 CHECKPOINT_ATTR = "qcal_checkpoint"  # set on models qcal returns: the folder they came from
 
@@ -61,6 +63,10 @@ def _model_dir(model: Any, tokenizer: Any, tmp: Path, trust_remote_code: bool) -
     folder = tmp / "model"
     model.save_pretrained(str(folder), safe_serialization=True)
     tokenizer.save_pretrained(str(folder))
+    origin = str(getattr(model, "name_or_path", "") or "")
+    if parse_hub_id(origin) is not None and not Path(origin).exists():
+        # The model card names the Hub model it came from, not this temporary folder.
+        (folder / "PROVENANCE.json").write_text(json.dumps({"original": origin}))
     return folder
 
 

@@ -79,6 +79,7 @@ def test_in_memory_model_and_a_calib_set_built_in_python(tiny_model_dir: Path,
         from transformers import AutoModelForCausalLM, AutoTokenizer
         net = AutoModelForCausalLM.from_pretrained({str(tiny_model_dir)!r})
         tok = AutoTokenizer.from_pretrained({str(tiny_model_dir)!r})
+        net.name_or_path = "someorg/tiny-lm"  # as if it came from the Hub
         calib = qcal.calib.build({str(text)!r}, tokenizer=tok, nsamples=4, seqlen=32,
                                  output="myset")
         model = qcal.quantize(net, tokenizer=tok, method="gptq", calib=calib,
@@ -91,3 +92,4 @@ def test_in_memory_model_and_a_calib_set_built_in_python(tiny_model_dir: Path,
     assert (tmp_path / "myset" / "manifest.json").is_file()
     log = json.loads((tmp_path / "out" / "quant_log.json").read_text())
     assert log["config"]["scheme"]["sym"] is True and log["calibration"]["nsamples"] == 4
+    assert 'base_model: "someorg/tiny-lm"' in (tmp_path / "out" / "README.md").read_text()
