@@ -74,14 +74,16 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
              calib: Any = "debian-handbook", scheme: QuantScheme | dict[str, Any] | None = None,
              output: str | Path | None = None, format: str | None = None,
              selector: str = "random", nsamples: int = 128, seqlen: int = 512, seed: int = 0,
-             device: str = "auto", overwrite: bool = False, progress: bool = False,
+             text_field: str = "text", chat: bool = False, device: str = "auto",
+             overwrite: bool = False, progress: bool = False,
              trust_remote_code: bool = False, **method_options: Any) -> Any:
     """Quantize `model` and write the checkpoint to `output`; returns the quantized model.
 
     `model`: a local folder, a Hub id (`org/name[@revision]`), None (qcal's default
     model) or an in-memory `PreTrainedModel` (pass its `tokenizer`). `calib`: anything
     `--calib` takes (corpus name, file, dataset folder, saved set) or a `CalibSet` from
-    `qcal.calib.build`. `scheme`: a QuantScheme or its fields as a dict (bits,
+    `qcal.calib.build`; `text_field` / `chat` say how records become text (--text-field,
+    --chat). `scheme`: a QuantScheme or its fields as a dict (bits,
     group_size = "auto" by default, sym). `method_options`: the method config's other
     fields (e.g. desc_act=True for GPTQ). `format`: the checkpoint format (default
     compressed-tensors, which bare transformers, lm_eval and vLLM load).
@@ -103,7 +105,7 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
 
                 source = save_calib_set(calib, Path(tmp) / "calib")
             calib_cfg = CalibConfig(selector=selector, source=str(source), nsamples=nsamples,
-                                    seqlen=seqlen, seed=seed)
+                                    seqlen=seqlen, seed=seed, text_field=text_field, chat=chat)
         name = model if isinstance(model, (str, Path)) else None
         out = Path(output) if output is not None else default_output_dir(
             Path(str(name)).name if name else None, method, resolved)
