@@ -2,15 +2,16 @@
 """Which loader reads which qcal checkpoint format, and do the logits agree?
 
 Quantizes the default model once per symmetry and act-order (GPTQ w4, the automatic group
-size, 16 x 512 calibration windows; act-order as --desc-act --static-groups, the form every
-format stores), writes it in every format (`qcal quantize --format gptq`, then `qcal export`
-to gptq_v2, compressed-tensors and AWQ), and loads each with every loader available here:
+size, --nsamples x --calib-seqlen calibration windows, 16 x 512 by default; act-order as
+--desc-act --static-groups, the form every format stores), writes it in every format
+(`qcal quantize --format gptq`, then `qcal export` to gptq_v2, compressed-tensors and AWQ),
+and loads each with every loader available here:
 qcal, bare `AutoModelForCausalLM.from_pretrained(path)` (no extra argument), and the
 `lm_eval --model hf` CLI (`--limit 5` of a packaged task); logits on fixed held-out English
 windows are compared with qcal's own float32 load of the GPTQ checkpoint (max |diff| /
 max |logit|, top-1 agreement). Writes results/interop.{json,md}.
 
-    python scripts/interop_matrix.py
+    python scripts/interop_matrix.py [--nsamples 4 --calib-seqlen 128]
 
 GPTQModel (its own venv) is measured by scripts/bench_gptq_vs_peer.py; vLLM needs a CUDA
 GPU and is listed as not run here.
@@ -47,17 +48,19 @@ def qcal_cli(*args: str) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def make_checkpoints(work: Path, sym: bool, act: bool) -> dict[str, Path]:
+def make_checkpoints(work: Path, sym: bool, act: bool, nsamples: int,
+                     calib_seqlen: int) -> dict[str, Path]:
     tag = ("sym" if sym else "asym") + ("-actorder" if act else "")
-    gptq = work / f"gptq-{tag}"
+    gptq = work / f"gptq-{tag}-n{nsamples}-s{calib_seqlen}"
     if not (gptq / "quant_log.json").is_file():
-        qcal_cli("quantize", "--method", "gptq", "--nsamples", "16", "--seqlen", "512",
+        qcal_cli("quantize", "--method", "gptq", "--nsamples", str(nsamples), "--seqlen",
+                 str(calib_seqlen),
                  "--format", "gptq", *(["--sym"] if sym else []),
                  *(["--desc-act", "--static-groups"] if act else []), "-o", str(gptq),
                  "--overwrite")
     out = {"gptq": gptq}
     for fmt in FORMATS[1:]:
-        out[fmt] = work / f"{fmt}-{tag}"
+        out[fmt] = work / f"{fmt}-{gptq.name.removeprefix('gptq-')}"
         if not (out[fmt] / "quant_log.json").is_file():
             qcal_cli("export", "--model", str(gptq), "--format", fmt, "-o", str(out[fmt]),
                      "--overwrite")
@@ -127,6 +130,8 @@ LOADERS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--nsamples", type=int, default=16, help="calibration windows")
+    parser.add_argument("--calib-seqlen", type=int, default=512, help="calibration window tokens")
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--work", type=Path, default=runs_dir() / "interop")
     parser.add_argument("--out", type=Path, default=results_dir() / "interop")
@@ -136,7 +141,7 @@ def main() -> None:
     windows = ids[: args.windows * args.seqlen].reshape(args.windows, args.seqlen)
     rows, data = [], []
     for sym, act in [(s, a) for s in (False, True) for a in (False, True)]:
-        ckpts = make_checkpoints(args.work, sym, act)
+        ckpts = make_checkpoints(args.work, sym, act, args.nsamples, args.calib_seqlen)
         ref = logits_of("qcal", ckpts["gptq"], windows, torch.float32)
         scheme = ("sym" if sym else "asym") + (" act-order" if act else "")
         for fmt, path in ckpts.items():
@@ -166,11 +171,12 @@ def main() -> None:
                                  cell.get("error", "").replace("|", "/")])
                     print(rows[-1], flush=True)
     prov = provenance(
-        "python scripts/interop_matrix.py",
+        "python scripts/interop_matrix.py" + "".join(f" {a}" for a in sys.argv[1:]),
         model="default (SmolLM2-135M-Instruct, dequantized Q4_1)",
-        checkpoints="qcal quantize --method gptq --nsamples 16 --seqlen 512 --format gptq [--sym] "
-                    "[--desc-act --static-groups] (group size auto = 64), then qcal export "
-                    "--format gptq_v2|compressed-tensors|awq",
+        checkpoints=f"qcal quantize --method gptq --nsamples {args.nsamples} --seqlen "
+                    f"{args.calib_seqlen} --format gptq [--sym] [--desc-act --static-groups] "
+                    "(group size auto = 64), then qcal export --format "
+                    "gptq_v2|compressed-tensors|awq",
         comparison=f"logits on {args.windows} held-out English windows of {args.seqlen} tokens "
                    "vs qcal's float32 load of the GPTQ checkpoint")
     md = "\n\n".join([
