@@ -49,12 +49,13 @@ def qcal_cli(*args: str) -> None:
 
 
 def make_checkpoints(work: Path, sym: bool, act: bool, nsamples: int,
-                     calib_seqlen: int) -> dict[str, Path]:
+                     calib_seqlen: int, model: Path | None) -> dict[str, Path]:
     tag = ("sym" if sym else "asym") + ("-actorder" if act else "")
-    gptq = work / f"gptq-{tag}-n{nsamples}-s{calib_seqlen}"
+    prefix = f"{model.name}-" if model is not None else ""
+    gptq = work / f"gptq-{prefix}{tag}-n{nsamples}-s{calib_seqlen}"
     if not (gptq / "quant_log.json").is_file():
-        qcal_cli("quantize", "--method", "gptq", "--nsamples", str(nsamples), "--seqlen",
-                 str(calib_seqlen),
+        qcal_cli("quantize", *(["--model", str(model)] if model is not None else []),
+                 "--method", "gptq", "--nsamples", str(nsamples), "--seqlen", str(calib_seqlen),
                  "--format", "gptq", *(["--sym"] if sym else []),
                  *(["--desc-act", "--static-groups"] if act else []), "-o", str(gptq),
                  "--overwrite")
@@ -131,17 +132,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=4)
     parser.add_argument("--nsamples", type=int, default=16, help="calibration windows")
+    parser.add_argument("--tiny", action="store_true",
+                        help="use qcal's tiny random Llama (built under --work) instead of the "
+                             "default model: the whole matrix in minutes")
     parser.add_argument("--calib-seqlen", type=int, default=512, help="calibration window tokens")
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--work", type=Path, default=runs_dir() / "interop")
     parser.add_argument("--out", type=Path, default=results_dir() / "interop")
     args = parser.parse_args()
-    tok = load_tokenizer(resolve_model_dir(None))
+    model = None
+    if args.tiny:
+        from qcal.model.tiny import build_tiny_llama
+
+        model = args.work / "tiny-llama"
+        if not (model / "config.json").is_file():
+            build_tiny_llama(model)
+    tok = load_tokenizer(resolve_model_dir(model))
     ids = tokenize_text(tok, eval_text("en"))
     windows = ids[: args.windows * args.seqlen].reshape(args.windows, args.seqlen)
     rows, data = [], []
     for sym, act in [(s, a) for s in (False, True) for a in (False, True)]:
-        ckpts = make_checkpoints(args.work, sym, act, args.nsamples, args.calib_seqlen)
+        ckpts = make_checkpoints(args.work, sym, act, args.nsamples, args.calib_seqlen, model)
         ref = logits_of("qcal", ckpts["gptq"], windows, torch.float32)
         scheme = ("sym" if sym else "asym") + (" act-order" if act else "")
         for fmt, path in ckpts.items():
@@ -172,10 +183,11 @@ def main() -> None:
                     print(rows[-1], flush=True)
     prov = provenance(
         "python scripts/interop_matrix.py" + "".join(f" {a}" for a in sys.argv[1:]),
-        model="default (SmolLM2-135M-Instruct, dequantized Q4_1)",
+        model=("qcal's tiny random Llama (qcal.model.tiny.build_tiny_llama: 2 layers, hidden "
+               "128)" if args.tiny else "default (SmolLM2-135M-Instruct, dequantized Q4_1)"),
         checkpoints=f"qcal quantize --method gptq --nsamples {args.nsamples} --seqlen "
                     f"{args.calib_seqlen} --format gptq [--sym] [--desc-act --static-groups] "
-                    "(group size auto = 64), then qcal export --format "
+                    "(group size auto), then qcal export --format "
                     "gptq_v2|compressed-tensors|awq",
         comparison=f"logits on {args.windows} held-out English windows of {args.seqlen} tokens "
                    "vs qcal's float32 load of the GPTQ checkpoint")
