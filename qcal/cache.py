@@ -24,11 +24,17 @@ from qcal.fsio import plain_name
 KEY_CHARS = 12
 
 
+def _unset_later_field(field: dataclasses.Field, value: Any) -> bool:
+    """A field added after keys were first written (metadata `key_if_set`) joins the key
+    only when set, so everything cached before it existed keeps its key."""
+    return bool(field.metadata.get("key_if_set")) and getattr(value, field.name) == field.default
+
+
 def _canonical(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"__type__": type(value).__name__,
                 **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
-                   if f.compare}}
+                   if f.compare and not _unset_later_field(f, value)}}
     if isinstance(value, torch.Tensor):
         data = value.detach().cpu().contiguous()
         digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes()

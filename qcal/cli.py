@@ -22,6 +22,7 @@ from pathlib import Path
 from qcal_kernels.errors import KernelError
 
 from qcal.errors import QcalError
+from qcal.logs import to_stderr as log_to_stderr
 
 COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare", "export", "provision")
 USER_FIXABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM)
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    log_to_stderr()  # library messages (per-layer losses, ...) on stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:

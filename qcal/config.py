@@ -209,6 +209,10 @@ class CalibConfig:
     nsamples: int = 128
     seqlen: int = 512
     seed: int = 0
+    # How records of a dataset / JSONL source become text: the field to read, or `chat`:
+    # render a record's `messages` with the model's chat template.
+    text_field: str = dataclasses.field(default="text", metadata={"key_if_set": True})
+    chat: bool = dataclasses.field(default=False, metadata={"key_if_set": True})
 
     def __post_init__(self) -> None:
         if self.nsamples < 1:
@@ -324,3 +328,91 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
 
 def from_json(cls: type[C], text: str) -> C:
     return from_dict(cls, json.loads(text))
+
+
+# --- per-module schemes (--scheme-override 'REGEX=bits:8,group:128') ------------------
+# Storable widths per checkpoint format: compressed-tensors packs 1-8 bits densely; the
+# GPTQ and AWQ layouts pack whole codes per int32 word (AWQ: 4-bit only).
+FORMAT_BITS = {"compressed-tensors": (2, 3, 4, 8), "gptq": (2, 4, 8), "gptq_v2": (2, 4, 8),
+               "awq": (4,)}
+OVERRIDE_KEYS = {"bits": "bits", "group": "group_size", "group_size": "group_size", "sym": "sym"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemeOverride:
+    """Linears whose full name matches `pattern` (re.match from the start, as GPTQModel's
+    `dynamic`) take these scheme fields instead of the base scheme's; `skip` leaves them
+    in float. The first matching override wins."""
+
+    pattern: str
+    bits: int | None = None
+    group_size: int | None = None
+    sym: bool | None = None
+    skip: bool = False
+
+    def __post_init__(self) -> None:
+        import re
+
+        try:
+            re.compile(self.pattern)
+        except re.error as err:
+            raise ConfigError(f"--scheme-override pattern {self.pattern!r} is not a regular "
+                              f"expression ({err})") from None
+
+
+def parse_scheme_override(text: str) -> SchemeOverride:
+    """'REGEX=bits:8,group:128[,sym:true]' or 'REGEX=skip' as a SchemeOverride."""
+    pattern, sep, spec = text.rpartition("=")
+    if not sep or not pattern or not spec:
+        raise ConfigError(f"--scheme-override {text!r}: write REGEX=bits:8,group:128 (or "
+                          "REGEX=skip to keep matching linears in float)")
+    if spec.strip() == "skip":
+        return SchemeOverride(pattern, skip=True)
+    fields: dict[str, Any] = {}
+    for item in spec.split(","):
+        key, _, value = item.partition(":")
+        field = OVERRIDE_KEYS.get(key.strip())
+        if field is None or not value.strip():
+            raise ConfigError(f"--scheme-override {text!r}: {item!r} is not one of bits:N, "
+                              "group:N, sym:true|false")
+        value = value.strip().lower()
+        if field == "sym":
+            if value not in ("true", "false"):
+                raise ConfigError(f"--scheme-override {text!r}: sym takes true or false")
+            fields[field] = value == "true"
+        else:
+            try:
+                fields[field] = int(value)
+            except ValueError:
+                raise ConfigError(f"--scheme-override {text!r}: {key} needs a whole number") from None
+    return SchemeOverride(pattern, **fields)
+
+
+def scheme_for(name: str, base: QuantScheme,
+               overrides: tuple[SchemeOverride, ...] = ()) -> QuantScheme | None:
+    """The scheme of the linear `name`: the first matching override applied to `base`
+    (None: the override keeps it in float), else `base`. Pure: runners call it per linear."""
+    import re
+
+    for override in overrides:
+        if re.match(override.pattern, name):
+            return _applied(base, override)
+    return base
+
+
+def _applied(base: QuantScheme, override: SchemeOverride) -> QuantScheme | None:
+    if override.skip:
+        return None
+    changes = {k: v for k, v in (("bits", override.bits), ("group_size", override.group_size),
+                                 ("sym", override.sym)) if v is not None}
+    return dataclasses.replace(base, **changes)
+
+
+def check_overrides(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> None:
+    """Refuse, before any model loads, a width the checkpoint format cannot store."""
+    storable = FORMAT_BITS.get(fmt, ())
+    for scheme in [base, *(_applied(base, o) for o in overrides)]:
+        if scheme is not None and scheme.bits not in storable:
+            raise ConfigError(f"--format {fmt} stores {', '.join(map(str, storable))}-bit weights, "
+                              f"not {scheme.bits}-bit; use --format compressed-tensors "
+                              "(2, 3, 4 or 8 bits) or another width")

@@ -162,6 +162,19 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def content_digest(path: Path, *salt: str) -> str:
+    """sha256 over a file's bytes, or over a folder's files (relative names and bytes, in
+    name order), plus `salt` strings: equal content, equal digest."""
+    digest = hashlib.sha256("\0".join(salt).encode("utf-8"))
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        digest.update(str(f.relative_to(path) if f != path else f.name).encode("utf-8") + b"\0")
+        with open(f, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
 def free_bytes(path: Path) -> int:
     """Free space of the filesystem `path` would live on (its nearest existing ancestor)."""
     probe = Path(path).absolute()

@@ -37,6 +37,7 @@ from qcal.model.sequential import PROGRESS_FILE, read_progress
 from qcal.packing.card import model_card
 from qcal.packing.checkpoint import (
     CHECKPOINT_KIND,
+    DEFAULT_FORMAT,
     is_legacy_qcal_checkpoint,
     is_quantized_checkpoint,
     save_checkpoint,
@@ -140,7 +141,7 @@ def quantize_model_dir(
     model: str | Path | None, method: str, config: Any, out_dir: Path,
     calib_ids: torch.Tensor | None = None, calib_manifest: dict[str, Any] | None = None,
     opts: RunOptions | None = None, trust_remote_code: bool = False,
-    extra_log: dict[str, Any] | None = None, fmt: str = "gptq", command: str | None = None,
+    extra_log: dict[str, Any] | None = None, fmt: str = DEFAULT_FORMAT, command: str | None = None,
 ) -> dict[str, Any]:
     """Load `model`, quantize it with `method`, write a GPTQ-layout checkpoint to `out_dir`.
 
@@ -200,7 +201,7 @@ def quantize_model_dir(
 
 
 def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
-                         out_dir: Path, trust_remote_code: bool = False, fmt: str = "gptq",
+                         out_dir: Path, trust_remote_code: bool = False, fmt: str = DEFAULT_FORMAT,
                          command: str | None = None) -> dict[str, Any]:
     """Apply a saved AWQ search (scales, clips) to `model` and write the checkpoint.
 
@@ -229,8 +230,10 @@ def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
     return meta
 
 
-def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPolicy) -> Path:
-    """Rewrite a quantized checkpoint (any format qcal reads) in format `fmt`."""
+def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPolicy,
+                      command: str | None = None) -> Path:
+    """Rewrite a quantized checkpoint (any format qcal reads) in format `fmt`; `command`
+    (the export's own command line) goes into the card, the source's stays in the log."""
     from qcal.model.loading import resolve_model_dir
 
     src_dir = resolve_model_dir(src)
@@ -248,12 +251,14 @@ def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPo
         log = {"method": "unknown (not written by qcal)", "config": {}}
     qcfg = json.loads((src_dir / "config.json").read_text())["quantization_config"]
     sym = bool((log.get("config") or {}).get("scheme", {}).get("sym", qcfg.get("sym", False)))
-    log = {**log, "format": fmt, "exported_from": str(src_dir)}
+    log = {**log, "format": fmt, "exported_from": str(src_dir),
+           "source_command": log.get("command"), "command": command}
     base = str(log.get("source_model") or src_dir)
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),
-                                     "README.md": model_card(log, fmt, base, log.get("command"))}
+                                     "README.md": model_card(log, fmt, base, command)}
     save_checkpoint(net, out_dir, tokenizer, sym=sym, meta=log, extra_files=extra, fmt=fmt,
-                    fields={"desc_act": bool(qcfg.get("desc_act", False))})
+                    fields={"desc_act": bool(qcfg.get("desc_act", False)
+                                             or (log.get("config") or {}).get("desc_act"))})
     return out_dir
 
 

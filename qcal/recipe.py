@@ -45,6 +45,30 @@ def method_config(method: str, scheme: QuantScheme, **options: Any) -> MethodCon
     return config_from_dict(cls, {"scheme": config_to_dict(scheme), **options})
 
 
+def fit_to_format(method: MethodConfig, fmt: str) -> tuple[MethodConfig, str | None]:
+    """The method config a checkpoint format can store, and a note when it had to change.
+
+    What a format cannot hold is refused here, before any model is loaded. compressed-tensors
+    0.20 stores act-order only as `actorder: "weight"` (GPTQ's static groups: no g_idx), and the
+    AWQ layout has no g_idx either, so --desc-act there means --desc-act --static-groups; the
+    note says so in quant_log.json and the model card.
+    """
+    scheme = method.scheme
+    if fmt != "gptq" and fmt != "gptq_v2" and scheme.allow_ragged:
+        raise ConfigError(f"--format {fmt} needs whole groups; --allow-ragged-groups works with "
+                          "--format gptq or gptq_v2 only: drop it or pick a group size that divides "
+                          "in_features")
+    desc_act = bool(getattr(method, "desc_act", False))
+    if fmt == "awq" and scheme.bits != 4:
+        raise ConfigError(f"--format awq holds 4-bit weights, not {scheme.bits}-bit; use --bits 4 "
+                          "or the default --format compressed-tensors")
+    if fmt in ("compressed-tensors", "awq") and desc_act and not getattr(method, "static_groups", True):
+        return (dataclasses.replace(method, static_groups=True),
+                f"act-order with static groups (--desc-act --static-groups): --format {fmt} "
+                "stores contiguous groups without g_idx (compressed-tensors: actorder 'weight')")
+    return method, None
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantRecipe:
     """Everything that determines a quantized checkpoint (and, with `eval`, its numbers)."""
@@ -56,7 +80,7 @@ class QuantRecipe:
     device: str = "auto"
     trust_remote_code: bool = False
     eval: EvalConfig | None = None
-    format: str = "gptq"  # checkpoint format: gptq, compressed-tensors or awq
+    format: str = "compressed-tensors"  # checkpoint format (packing.checkpoint.FORMATS)
     command: str | None = None  # the command line that made the recipe, for the model card
     notes: tuple[str, ...] = ()  # choices made for the user (e.g. the automatic group size)
     modules: ModuleSelection = ModuleSelection()  # --targets/--ignore, --moe-all-experts
@@ -66,6 +90,10 @@ class QuantRecipe:
 
         if self.format not in FORMATS:
             raise ConfigError(f"--format {self.format!r} is unknown; use one of {', '.join(FORMATS)}")
+        method_cfg, note = fit_to_format(self.method, self.format)
+        if note is not None:  # frozen: the one adjustment a format forces, recorded in notes
+            object.__setattr__(self, "method", method_cfg)
+            object.__setattr__(self, "notes", (*self.notes, note))
         from qcal.methods import method_for_config
 
         method = method_for_config(self.method)
@@ -122,6 +150,7 @@ class QuantRecipe:
                    device=data.get("device", "auto"),
                    trust_remote_code=bool(data.get("trust_remote_code", False)),
                    eval=config_from_dict(EvalConfig, data["eval"]) if data.get("eval") else None,
+                   # recipes saved before the format field was written made GPTQ checkpoints
                    format=data.get("format", "gptq"), command=data.get("command"),
                    notes=tuple(data.get("notes") or ()),
                    modules=config_from_dict(ModuleSelection, data["modules"]) if data.get("modules")
@@ -148,7 +177,8 @@ def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
     options = {"device": device} if cfg.selector.startswith(("perplexity", "ppl")) else {}
     if cache is None:
         return resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
-                             seed=cfg.seed, selector=cfg.selector, **options)
+                             seed=cfg.seed, selector=cfg.selector, text_field=cfg.text_field,
+                             chat=cfg.chat, **options)
     info = tokenizer_info(tokenizer)
     # The prefix joins the key only where there is one, so prefix-free keys stay as they were.
     key = fingerprint("calib", cfg, info["fingerprint"], *([info["prefix"]] if "prefix" in info
@@ -159,7 +189,8 @@ def calibration_step(recipe: QuantRecipe, tokenizer: Any, model_dir: Path,
         if (path / "manifest.json").is_file():
             return load_calib_set(path)
         calib = resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
-                              seed=cfg.seed, selector=cfg.selector, **options)
+                              seed=cfg.seed, selector=cfg.selector, text_field=cfg.text_field,
+                              chat=cfg.chat, **options)
         save_calib_set(calib, path)
     return calib
 

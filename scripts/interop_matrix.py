@@ -1,14 +1,17 @@
 #!/usr/bin/env python
 """Which loader reads which qcal checkpoint format, and do the logits agree?
 
-Quantizes the default model once per symmetry (GPTQ w4, the automatic group size, 16 x 512
-calibration windows), writes it in every format (`qcal quantize --format gptq`, then
-`qcal export` to compressed-tensors and AWQ), and loads each with every loader available
-here; logits on fixed held-out English windows are compared with qcal's own float32 load
-of the GPTQ checkpoint (max |diff| / max |logit|, top-1 agreement). Writes
-results/interop.{json,md}.
+Quantizes the default model once per symmetry and act-order (GPTQ w4, the automatic group
+size, --nsamples x --calib-seqlen calibration windows, 16 x 512 by default; act-order as
+--desc-act --static-groups, the form every format stores), writes it in every format
+(`qcal quantize --format gptq`, then `qcal export` to gptq_v2, compressed-tensors and AWQ),
+and loads each with every loader available here:
+qcal, bare `AutoModelForCausalLM.from_pretrained(path)` (no extra argument), and the
+`lm_eval --model hf` CLI (`--limit 5` of a packaged task); logits on fixed held-out English
+windows are compared with qcal's own float32 load of the GPTQ checkpoint (max |diff| /
+max |logit|, top-1 agreement). Writes results/interop.{json,md}.
 
-    python scripts/interop_matrix.py
+    python scripts/interop_matrix.py [--nsamples 4 --calib-seqlen 128]
 
 GPTQModel (its own venv) is measured by scripts/bench_gptq_vs_peer.py; vLLM needs a CUDA
 GPU and is listed as not run here.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +47,20 @@ def qcal_cli(*args: str) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def make_checkpoints(work: Path, sym: bool) -> dict[str, Path]:
-    tag = "sym" if sym else "asym"
-    gptq = work / f"gptq-{tag}"
+def make_checkpoints(work: Path, sym: bool, act: bool, nsamples: int,
+                     calib_seqlen: int, model: Path | None) -> dict[str, Path]:
+    tag = ("sym" if sym else "asym") + ("-actorder" if act else "")
+    prefix = f"{model.name}-" if model is not None else ""
+    gptq = work / f"gptq-{prefix}{tag}-n{nsamples}-s{calib_seqlen}"
     if not (gptq / "quant_log.json").is_file():
-        qcal_cli("quantize", "--method", "gptq", "--nsamples", "16", "--seqlen", "512",
-                 *(["--sym"] if sym else []), "-o", str(gptq), "--overwrite")
+        qcal_cli("quantize", *(["--model", str(model)] if model is not None else []),
+                 "--method", "gptq", "--nsamples", str(nsamples), "--seqlen", str(calib_seqlen),
+                 "--format", "gptq", *(["--sym"] if sym else []),
+                 *(["--desc-act", "--static-groups"] if act else []), "-o", str(gptq),
+                 "--overwrite")
     out = {"gptq": gptq}
     for fmt in FORMATS[1:]:
-        out[fmt] = work / f"{fmt}-{tag}"
+        out[fmt] = work / f"{fmt}-{gptq.name.removeprefix('gptq-')}"
         if not (out[fmt] / "quant_log.json").is_file():
             qcal_cli("export", "--model", str(gptq), "--format", fmt, "-o", str(out[fmt]),
                      "--overwrite")
@@ -73,14 +82,34 @@ def logits_of(loader: str, path: Path, windows: torch.Tensor, dtype: torch.dtype
             return load_file(f"{tmp}/out.safetensors")["logits"]
     if loader == "qcal":
         net = load_model(path, dtype=dtype)[0]
-    else:
-        from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+    else:  # bare: no argument besides the dtype of the comparison
+        from transformers import AutoModelForCausalLM
 
-        extra = ({"quantization_config": CompressedTensorsConfig(dequantize=True)}
-                 if loader == "transformers (dequantize=True)" else {})
-        net = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **extra).eval()
+        net = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
     with torch.no_grad():
         return net(windows).logits.float()
+
+
+def lm_eval_cli(path: Path, work: Path) -> dict[str, Any]:
+    """`lm_eval --model hf --model_args pretrained=<path>` on 5 items of a packaged task."""
+    import json
+    import os
+
+    from qcal.eval.local_tasks import tasks_dir
+
+    out = work / f"lm_eval-{path.name}"
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+           f"pretrained={path},dtype=float32", "--tasks", "qcal_nextsent_en", "--include_path",
+           str(tasks_dir()), "--limit", "5", "--device", "cpu", "--batch_size", "1",
+           "--output_path", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    results = sorted(out.rglob("results_*.json")) if out.is_dir() else []
+    if run.returncode != 0 or not results:
+        lines = [ln for ln in run.stderr.strip().splitlines() if "Error" in ln] or ["no result"]
+        raise RuntimeError(lines[-1])
+    acc = json.loads(results[-1].read_text())["results"]["qcal_nextsent_en"]["acc,none"]
+    return {"lm_eval_acc_5_items": acc}
 
 
 def agreement(ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
@@ -89,28 +118,42 @@ def agreement(ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
 
 
 PEER_LOADER = "GPTQModel 7.6 (own venv, torch kernel, bf16)"
+LM_EVAL = "lm_eval --model hf (CLI, --limit 5)"
 LOADERS = {
-    "gptq": ["qcal", "transformers", PEER_LOADER],
-    "gptq_v2": ["qcal", PEER_LOADER],
-    "compressed-tensors": ["qcal", "transformers", "transformers (dequantize=True)"],
-    "awq": ["qcal", "transformers"],
+    "gptq": ["qcal", "transformers", LM_EVAL, PEER_LOADER],
+    "gptq_v2": ["qcal", "transformers", LM_EVAL, PEER_LOADER],
+    "compressed-tensors": ["qcal", "transformers", LM_EVAL],
+    "awq": ["qcal", "transformers", LM_EVAL],
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--nsamples", type=int, default=16, help="calibration windows")
+    parser.add_argument("--tiny", action="store_true",
+                        help="use qcal's tiny random Llama (built under --work) instead of the "
+                             "default model: the whole matrix in minutes")
+    parser.add_argument("--calib-seqlen", type=int, default=512, help="calibration window tokens")
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--work", type=Path, default=runs_dir() / "interop")
     parser.add_argument("--out", type=Path, default=results_dir() / "interop")
     args = parser.parse_args()
-    tok = load_tokenizer(resolve_model_dir(None))
+    model = None
+    if args.tiny:
+        from qcal.model.tiny import build_tiny_llama
+
+        model = args.work / "tiny-llama"
+        if not (model / "config.json").is_file():
+            build_tiny_llama(model)
+    tok = load_tokenizer(resolve_model_dir(model))
     ids = tokenize_text(tok, eval_text("en"))
     windows = ids[: args.windows * args.seqlen].reshape(args.windows, args.seqlen)
     rows, data = [], []
-    for sym in (False, True):
-        ckpts = make_checkpoints(args.work, sym)
+    for sym, act in [(s, a) for s in (False, True) for a in (False, True)]:
+        ckpts = make_checkpoints(args.work, sym, act, args.nsamples, args.calib_seqlen, model)
         ref = logits_of("qcal", ckpts["gptq"], windows, torch.float32)
+        scheme = ("sym" if sym else "asym") + (" act-order" if act else "")
         for fmt, path in ckpts.items():
             for loader in LOADERS[fmt]:
                 for dtype in (torch.float32, torch.bfloat16):
@@ -118,41 +161,50 @@ def main() -> None:
                         continue
                     if loader == PEER_LOADER and not PEER.is_file():
                         continue
-                    cell: dict[str, Any] = {"format": fmt, "sym": sym, "loader": loader,
+                    cell: dict[str, Any] = {"format": fmt, "sym": sym, "act_order": act,
+                                            "loader": loader,
                                             "dtype": "bfloat16" if loader == PEER_LOADER
                                             else str(dtype).removeprefix("torch.")}
                     try:
-                        cell.update(agreement(ref, logits_of(loader, path, windows, dtype)))
+                        if loader == LM_EVAL:
+                            cell.update(lm_eval_cli(path, args.work))
+                        else:
+                            cell.update(agreement(ref, logits_of(loader, path, windows, dtype)))
                         cell["loads"] = "yes"
                     except Exception as err:  # noqa: BLE001  (the matrix records what fails)
                         cell["loads"] = "no"
                         cell["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
                     data.append(cell)
-                    rows.append([fmt, "sym" if sym else "asym", loader, cell["dtype"], cell["loads"],
-                                 cell.get("max_rel_diff", "-"), cell.get("top1_agree", "-"),
+                    rows.append([fmt, scheme, loader, cell["dtype"], cell["loads"],
+                                 cell.get("max_rel_diff", "-"),
+                                 cell.get("top1_agree", cell.get("lm_eval_acc_5_items", "-")),
                                  cell.get("error", "").replace("|", "/")])
                     print(rows[-1], flush=True)
     prov = provenance(
-        "python scripts/interop_matrix.py",
-        model="default (SmolLM2-135M-Instruct, dequantized Q4_1)",
-        checkpoints="qcal quantize --method gptq --nsamples 16 --seqlen 512 [--sym] (group size "
-                    "auto = 64), then qcal export --format compressed-tensors|awq",
+        "python scripts/interop_matrix.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        model=("qcal's tiny random Llama (qcal.model.tiny.build_tiny_llama: 2 layers, hidden "
+               "128)" if args.tiny else "default (SmolLM2-135M-Instruct, dequantized Q4_1)"),
+        checkpoints=f"qcal quantize --method gptq --nsamples {args.nsamples} --seqlen "
+                    f"{args.calib_seqlen} --format gptq [--sym] [--desc-act --static-groups] "
+                    "(group size auto), then qcal export --format "
+                    "gptq_v2|compressed-tensors|awq",
         comparison=f"logits on {args.windows} held-out English windows of {args.seqlen} tokens "
                    "vs qcal's float32 load of the GPTQ checkpoint")
     md = "\n\n".join([
-        "# Checkpoint interoperability: format x loader x dtype (CPU)",
+        "# Checkpoint interoperability: format x scheme x act-order x loader (CPU)",
         provenance_markdown(prov),
         markdown_table(["format", "scheme", "loader", "dtype", "loads", "max rel diff",
-                        "top-1 agree", "error"], rows, ".2e"),
-        "Not run here: vLLM (needs a CUDA GPU: `scripts/gpu_check.sh` is where it belongs). "
-        "GPTQModel 7.6.0 runs in its own venv (scripts/setup_peer_venv.sh) on its bf16 torch "
-        "kernel; it refuses asymmetric GPTQ checkpoints in the v1 storage unless its own tools "
-        "wrote them, and reads them as `--format gptq_v2` (true zero points). "
-        "transformers 5.24 reads the GPTQ layout only through GPTQModel/optimum (not installed "
-        "in qcal's environment by design) and the AWQ layout only through GPTQModel too, so "
-        "those rows record the refusal. compressed-tensors 0.20.1's default (compressed) path "
-        "sizes asymmetric zero points unpacked and refuses asymmetric pack-quantized files "
-        "(ours, llm-compressor's and vLLM's layout alike); its `dequantize=True` path reads them.",
+                        "top-1 agree / lm_eval acc", "error"], rows, ".2e"),
+        "The default format, compressed-tensors, loads in every loader here, symmetric or "
+        "asymmetric, with or without act-order, with no extra argument (docs/formats.md says "
+        "how: actorder 'weight' for act-order, and `dequantize: true` in an asymmetric export's "
+        "quantization_config, which transformers reads and vLLM ignores). "
+        "transformers 5.24 reads the GPTQ and AWQ layouts only through GPTQModel/optimum (not "
+        "installed in qcal's environment by design), so those rows record the refusal; the "
+        "lm_eval column then fails the same way. lm_eval's accuracy on 5 items only shows that "
+        "the model ran. Not run here: vLLM (needs a CUDA GPU: `scripts/gpu_check.sh` is where "
+        "it belongs). GPTQModel 7.6.0 runs in its own venv (scripts/setup_peer_venv.sh) when "
+        "present; it reads asymmetric GPTQ checkpoints as `--format gptq_v2`.",
     ])
     write_results(args.out, {"provenance": prov, "cells": data}, md)
     print(f"wrote {args.out}.md")

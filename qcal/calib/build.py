@@ -198,9 +198,18 @@ def check_compatible(calib: CalibSet, tokenizer: Any, nsamples: int, seqlen: int
                                 "with `qcal calib build`")
 
 
+def chat_renderer(tokenizer: Any) -> Any:
+    """messages -> text with the tokenizer's chat template (what --chat uses)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("--chat renders records with the model's chat template, and this "
+                          "tokenizer has none; drop --chat and name the text with --text-field")
+    return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False)
+
+
 def resolve_calib(spec: str, tokenizer: Any, nsamples: int, seqlen: int, seed: int,
                   selector: str = "random", model: Any = None,
-                  langs: Sequence[str] | None = None, **options: Any) -> CalibSet:
+                  langs: Sequence[str] | None = None, text_field: str = "text",
+                  chat: bool = False, **options: Any) -> CalibSet:
     """A saved set (directory or name under calib_sets/), or a new one built from a source.
 
     `spec` is a saved set or anything `qcal.data.resolve_source` understands (packaged
@@ -220,5 +229,10 @@ def resolve_calib(spec: str, tokenizer: Any, nsamples: int, seqlen: int, seed: i
         options = {**options, "model": model}
     sel = parse_selector(selector, **options)
     langs = source_languages(spec, sel, langs)
-    docs = resolve_source(spec, split="calib", langs=langs)
-    return build_calib(docs, tokenizer, nsamples, seqlen, seed, sel, source=spec, source_langs=langs)
+    docs = resolve_source(spec, split="calib", langs=langs, text_field=text_field,
+                          render_chat=chat_renderer(tokenizer) if chat else None)
+    calib = build_calib(docs, tokenizer, nsamples, seqlen, seed, sel, source=spec,
+                        source_langs=langs)
+    if chat or text_field != "text":  # how records became text, beside the source
+        calib.manifest["records"] = {"text_field": None if chat else text_field, "chat": chat}
+    return calib

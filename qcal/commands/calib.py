@@ -17,7 +17,12 @@ def add_parser(sub: Any) -> None:
                    help="random, zipf[:invfreq], perplexity[:low|high|middle], multilingual, "
                         "ml:<lang>, mix:uniform, mix:en=0.5,de=0.5, mix:<named mix>")
     b.add_argument("--source", default="debian-handbook",
-                   help="packaged corpus name, text/JSONL file, or hf:<dataset> (see qcal.data)")
+                   help="packaged corpus name, .txt/.jsonl/.parquet file, dataset folder "
+                        "(save_to_disk or data files), or hf:<dataset> (see qcal.data)")
+    b.add_argument("--text-field", default="text",
+                   help="the record field that holds the text (JSONL, Parquet, datasets)")
+    b.add_argument("--chat", action="store_true",
+                   help="records are chats: render their 'messages' with the model's chat template")
     b.add_argument("--model", default=None, help="model dir whose tokenizer is used (default model)")
     b.add_argument("--n", type=int, default=128, help="number of windows")
     b.add_argument("--seqlen", type=int, default=512, help="tokens per window")
@@ -42,7 +47,8 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--max-windows-per-doc", type=int, default=None,
                    help="at most this many windows from one document (default: no cap)")
     b.add_argument("-o", "--output", type=Path, default=None,
-                   help="output dir (default calib_sets/<selector>-<source>-n<N>-s<seqlen>-seed<S>)")
+                   help="output dir (default calib_sets/<selector>-<source>[-<content digest>]"
+                        "-n<N>-s<seqlen>-seed<S>)")
     b.add_argument("--overwrite", action="store_true",
                    help="replace an existing output that is not a qcal calibration set")
     b.add_argument("--trust-remote-code", action="store_true",
@@ -92,6 +98,20 @@ def selector_options(args: argparse.Namespace) -> tuple[str, dict[str, Any], lis
     return selector, options, langs
 
 
+def source_label(args: argparse.Namespace) -> str:
+    """The source's part of a default set name: a local file or folder by its name and a
+    digest of its content (and of --text-field/--chat), so two inputs never share a name."""
+    from qcal.fsio import content_digest
+
+    path = Path(args.source).expanduser()
+    if args.source.startswith("hf:") and Path(args.source[3:]).expanduser().is_dir():
+        path = Path(args.source[3:]).expanduser()
+    elif not path.exists():
+        return args.source.replace(":", "-").replace("/", "-")
+    reading = "chat" if args.chat else args.text_field
+    return f"{path.name.replace('.', '_')}-{content_digest(path, reading)[:10]}"
+
+
 def run_build(args: argparse.Namespace) -> int:
     from qcal.calib import build_calib, calib_sets_dir, parse_selector
     from qcal.calib.build import source_languages
@@ -104,18 +124,23 @@ def run_build(args: argparse.Namespace) -> int:
     sel = parse_selector(selector, **options)
     langs = source_languages(args.source, sel, langs)
     model_dir = resolve_model_dir(args.model, args.trust_remote_code)
-    src = Path(args.source).stem if Path(args.source).exists() else args.source.replace(":", "-")
-    name = f"{selector.replace(':', '-').replace(',', '_').replace('=', '')}-{src}"
+    name = f"{selector.replace(':', '-').replace(',', '_').replace('=', '')}-{source_label(args)}"
     out = args.output or calib_sets_dir() / f"{name}-n{args.n}-s{args.seqlen}-seed{args.seed}"
     protected = (model_dir, Path(args.source) if Path(args.source).exists() else None)
     check_output(out, CALIB_SET_KIND, overwrite=args.overwrite, protected=protected,
                  legacy_owned=is_legacy_calib_set)
     check_writable(out, args.n * args.seqlen * 8)
     tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
-    docs = resolve_source(args.source, split="calib", langs=langs)
+    from qcal.calib.build import chat_renderer
+
+    docs = resolve_source(args.source, split="calib", langs=langs, text_field=args.text_field,
+                          render_chat=chat_renderer(tokenizer) if args.chat else None)
     calib = build_calib(docs, tokenizer, args.n, args.seqlen, args.seed, sel, source=args.source,
                         pack=not args.no_pack, max_windows_per_doc=args.max_windows_per_doc,
                         source_langs=langs)
+    if args.chat or args.text_field != "text":
+        calib.manifest["records"] = {"text_field": None if args.chat else args.text_field,
+                                     "chat": args.chat}
     calib.save(out)
     st = calib.manifest["statistics"]
     print(json.dumps({"output": str(out), "selector": calib.manifest["selector"],

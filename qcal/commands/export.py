@@ -24,6 +24,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from qcal.pipeline import OutputPolicy, export_checkpoint
 
-    out = export_checkpoint(args.model, args.output, args.format, OutputPolicy(args.overwrite))
+    out = export_checkpoint(args.model, args.output, args.format, OutputPolicy(args.overwrite),
+                            command=getattr(args, "command_line", None))
     print(f"wrote {args.format} checkpoint: {out}")
     return 0

@@ -45,7 +45,12 @@ def add_parser(sub: Any) -> None:
                    help="AWQ: replay a saved search (<checkpoint>/artifacts/awq_search.safetensors) "
                         "instead of searching; needs no calibration data")
     p.add_argument("--calib", default="debian-handbook",
-                   help="calibration set dir, packaged corpus name, text/JSONL file or hf:<name>")
+                   help="calibration set dir, packaged corpus name, .txt/.jsonl/.parquet file, "
+                        "dataset folder (save_to_disk or data files) or hf:<name>")
+    p.add_argument("--text-field", default="text",
+                   help="the record field that holds the text (JSONL, Parquet, datasets)")
+    p.add_argument("--chat", action="store_true",
+                   help="records are chats: render their 'messages' with the model's chat template")
     p.add_argument("--selector", default=None,
                    help="selector when --calib is a source (default random); GPTQ/AWQ only")
     p.add_argument("--nsamples", type=int, default=128, help="calibration windows (>= 1)")
@@ -66,10 +71,12 @@ def add_parser(sub: Any) -> None:
                    help="keep <output>.work (per-layer resume state) after a successful run")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model directory's own Python code to run (off by default)")
-    p.add_argument("--format", default="gptq", choices=("gptq", "gptq_v2", "compressed-tensors", "awq"),
-                   help="checkpoint format: gptq (default), gptq_v2 (true zero points: what "
-                        "GPTQModel needs for asymmetric schemes), compressed-tensors (pack-quantized, "
-                        "vLLM native) or awq (AutoAWQ GEMM layout, 4-bit, no act-order)")
+    p.add_argument("--format", default="compressed-tensors",
+                   choices=("compressed-tensors", "gptq", "gptq_v2", "awq"),
+                   help="checkpoint format: compressed-tensors (default: pack-quantized, loads in "
+                        "bare transformers, lm_eval and vLLM), gptq (needs GPTQModel/optimum in "
+                        "transformers), gptq_v2 (true zero points: what GPTQModel needs for "
+                        "asymmetric schemes) or awq (AutoAWQ GEMM layout, 4-bit, no act-order)")
     p.add_argument("--targets", action="append", default=[], metavar="REGEX",
                    help="quantize only the decoder-layer linears whose full name matches "
                         "(re.search; repeatable; default: all)")
@@ -154,7 +161,8 @@ def make_recipe(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--selector chooses calibration data, which --method {args.method} "
                           "does not use; drop --selector or use --method gptq/awq")
     calib = (CalibConfig(selector=args.selector or "random", source=args.calib,
-                         nsamples=args.nsamples, seqlen=args.seqlen, seed=args.seed)
+                         nsamples=args.nsamples, seqlen=args.seqlen, seed=args.seed,
+                         text_field=args.text_field, chat=args.chat)
              if method.needs_calibration else None)
     evaluation = None
     if args.eval:

@@ -24,13 +24,16 @@ from .corpus import (
     load_documents,
 )
 from .langid import detect_language, is_language, normalize_lang
+from .user_data import (
+    ChatRenderer,
+    CorpusFormatError,
+    documents_from_records,
+    load_records,
+    record_text,
+)
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl",)
-
-
-class CorpusFormatError(QcalError, ValueError):
-    """A text file cannot be read as the format its name says."""
 
 
 class CorpusLoadError(QcalError, RuntimeError):
@@ -57,11 +60,13 @@ def read_user_text(path: Path) -> str:
                                 f"`iconv -t UTF-8 {path}`") from None
 
 
-def load_text_file(path: str | Path, lang: str | None = None) -> list[Document]:
+def load_text_file(path: str | Path, lang: str | None = None, text_field: str = "text",
+                   render_chat: ChatRenderer | None = None) -> list[Document]:
     """Documents from a local file.
 
     ``.txt`` / ``.text`` / ``.md``: documents are separated by blank lines.
-    ``.jsonl``: one JSON object per line with a ``"text"`` field and optional ``"lang"``.
+    ``.jsonl``: one JSON object per line with a ``text_field`` (default ``"text"``) field, or
+    with ``render_chat`` a ``"messages"`` list, and optional ``"lang"``.
     A document's own ``"lang"`` wins over ``lang``; documents with neither are tagged by
     ``detect_language`` (``None`` when undecidable). Split is ``"user"``.
     """
@@ -79,11 +84,9 @@ def load_text_file(path: str | Path, lang: str | None = None) -> list[Document]:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise CorpusFormatError(f"{path}:{lineno}: invalid JSON ({exc})") from exc
-            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-                raise CorpusFormatError(
-                    f'{path}:{lineno}: expected an object with a string "text" field'
-                )
-            text = rec["text"].strip()
+            if not isinstance(rec, dict):
+                raise CorpusFormatError(f"{path}:{lineno}: expected a JSON object")
+            text = record_text(rec, f"{path}:{lineno}", text_field, render_chat)
             if text:
                 tag = _tag(rec.get("lang") or lang, text)
                 docs.append(Document(text, tag, str(path), f"{path.name}:{lineno}", "user"))
@@ -155,35 +158,47 @@ def _filter_langs(docs: list[Document], langs: Iterable[str] | None) -> list[Doc
 
 
 def resolve_source(
-    spec: str, split: str = "calib", langs: str | Iterable[str] | None = None
+    spec: str, split: str = "calib", langs: str | Iterable[str] | None = None,
+    text_field: str = "text", render_chat: ChatRenderer | None = None,
 ) -> list[Document]:
     """Documents for a source spec.
 
     - a packaged corpus name (``"debian-handbook"``, ``"wiki-summaries"``): its
       ``split`` (``"calib"`` or ``"eval"``) for ``langs`` (all provisioned if None);
-    - a local ``.txt`` / ``.jsonl`` path: all its documents (``split`` does not apply),
-      filtered to ``langs`` if given;
+    - a local ``.txt`` / ``.jsonl`` / ``.parquet`` file, a ``save_to_disk`` folder or a
+      script-free dataset folder: all its documents (``split`` does not apply), read by
+      ``text_field`` or rendered with ``render_chat``, filtered to ``langs`` if given;
     - ``hf:<name>[:<config>[:<split>]]``: a Hugging Face dataset (dataset split defaults
       to ``train``), filtered to ``langs`` if given.
     """
     if isinstance(langs, str):
         langs = [langs]
-    if spec in PACKAGED_SOURCES or corpus_dir(spec).is_dir():
+    path_like = "/" in spec or "\\" in spec or spec.startswith((".", "~"))
+    if spec in PACKAGED_SOURCES or (not path_like and corpus_dir(spec).is_dir()):
         return load_documents(spec, langs, split=split)
-    if spec.startswith("hf:"):
+    if spec.startswith("hf:") and Path(spec[3:]).expanduser().is_dir():
+        spec = spec[3:]  # a local dataset folder named the hf: way: read it, no network
+    elif spec.startswith("hf:"):
         parts = spec[3:].split(":")
         if not parts[0] or len(parts) > 3:
             raise CorpusFormatError(f"bad hf spec {spec!r}; expected hf:<name>[:<config>[:<split>]]")
         name, config, hf_split = (parts + [None, None])[:3]
-        docs = load_hf_dataset(name, config or None, split=hf_split or "train")
+        docs = load_hf_dataset(name, config or None, split=hf_split or "train",
+                               text_field=text_field)
         return _filter_langs(docs, langs)
     path = Path(spec).expanduser()
-    if path.exists() or path.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES:
-        docs = _filter_langs(load_text_file(path), langs)
-        if not docs:
-            raise EmptyCorpusError(f"no document of language(s) {sorted(langs or [])} in {path}")
-        return docs
-    raise unknown_source(spec)
+    if path.is_dir() or path.suffix.lower() == ".parquet":
+        records = load_records(path)
+        docs = _filter_langs(documents_from_records(records, str(path), text_field, render_chat,
+                                                    tag=_tag), langs)
+    elif path.exists() or path.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES:
+        docs = _filter_langs(load_text_file(path, text_field=text_field,
+                                            render_chat=render_chat), langs)
+    else:
+        raise unknown_source(spec)
+    if not docs:
+        raise EmptyCorpusError(f"no document of language(s) {sorted(langs or [])} in {path}")
+    return docs
 
 
 def unknown_source(spec: str) -> CorpusNotFoundError:
@@ -194,8 +209,8 @@ def unknown_source(spec: str) -> CorpusNotFoundError:
     hint = f"did you mean {close[0]!r}? " if close else ""
     return CorpusNotFoundError(
         f"unknown text source {spec!r}: {hint}known sources are {', '.join(PACKAGED_SOURCES)}, "
-        "a saved calibration set (see `qcal calib list`), a path to a .txt/.jsonl file, or "
-        "hf:<name>[:<config>]"
+        "a saved calibration set (see `qcal calib list`), a .txt/.jsonl/.parquet file, a "
+        "dataset folder (save_to_disk or data files), or hf:<name>[:<config>]"
     )
 
 

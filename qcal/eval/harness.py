@@ -259,7 +259,9 @@ def run_tasks(
         from lm_eval.models.huggingface import HFLM
 
     if desc:
-        print(f"lm-eval [{desc}]: {', '.join(tasks)}", flush=True)
+        from qcal.logs import info
+
+        info(f"lm-eval [{desc}]: {', '.join(tasks)}")
     if score_store is not None and not (share_contexts and isinstance(model, nn.Module)):
         raise ConfigError("a score store needs an in-memory model and shared-context scoring")
     extra = {"score_store": score_store} if score_store is not None else {}

@@ -40,11 +40,12 @@ def describe_model(path: Path) -> dict[str, Any]:
                            "quantized": bool(qc), "architecture": (raw.get("architectures") or
                                                                    ["?"])[0]}
     if qc:
-        meta = qc.get("meta") or {}
-        out.update({"method": meta.get("method", qc.get("quant_method")), "bits": qc.get("bits"),
-                    "group_size": qc.get("group_size"), "sym": qc.get("sym"),
-                    "desc_act": qc.get("desc_act"), "source_model": meta.get("source_model"),
-                    "calibration_set": calibration_label(meta.get("calibration"))})
+        from qcal.packing.checkpoint import checkpoint_summary
+
+        summary = checkpoint_summary(path)  # any format: compressed-tensors has no GPTQ fields
+        out.update({k: summary[k] for k in ("method", "bits", "group_size", "sym", "desc_act",
+                                            "source_model")})
+        out["calibration_set"] = calibration_label(summary["calibration"])
     return out
 
 

@@ -17,6 +17,11 @@ paired tests between two settings scored on the same evaluation units.
   "significant" by chance; Holm's step-down adjustment controls the chance of any false
   positive over a report's family of tests (no assumption on how they depend on each other).
 
+A paired test knows its sample: with fewer than `MIN_UNITS` paired units (windows,
+items), or when its bootstrap resamples cannot vary (every unit's difference equal), it
+reports the effect and says why there is no p-value or interval (`no_test`), and it is
+never significant. Every test carries its unit count (`units`, `unit`) beside its p.
+
 Pure functions of numbers: no model, no files.
 """
 
@@ -30,6 +35,26 @@ import numpy as np
 
 DEFAULT_BOOTSTRAP = 10_000
 LEVEL = 0.95
+# Below this many paired units a bootstrap has too few distinct resamples for its tails to
+# mean anything (2 windows: 3 distinct resamples) and a t-test's normality has no support.
+MIN_UNITS = 10
+
+
+def no_test_reason(units: int, unit: str, boot: np.ndarray | None = None) -> str | None:
+    """Why a paired comparison of `units` cannot be tested (None when it can)."""
+    if units < MIN_UNITS:
+        return (f"only {units} paired {unit}; a test needs at least {MIN_UNITS}: report the "
+                "effect alone, or evaluate more")
+    if boot is not None and float(np.ptp(boot)) <= 1e-12 * max(1.0, float(np.abs(boot).max())):
+        return (f"the bootstrap resamples of the {units} {unit} cannot vary (every paired "
+                "difference is the same), so there is nothing to test")
+    return None
+
+
+def _untested(result: dict[str, Any], reason: str, *p_keys: str) -> dict[str, Any]:
+    """`result` with its p-values and interval withdrawn and the reason said."""
+    return {**result, **{k: None for k in p_keys}, "ci_low": None, "ci_high": None,
+            "significant": False, "no_test": reason}
 
 
 def mean_ci(values: Sequence[float], level: float = LEVEL) -> dict[str, Any]:
@@ -89,10 +114,12 @@ def paired_ppl_test(nll_a: Sequence[float], tokens_a: Sequence[int], nll_b: Sequ
     ppl_a, ppl_b = math.exp(a.sum() / ta.sum()), math.exp(b.sum() / ta.sum())
     delta = ppl_a - ppl_b
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return {"ppl_a": ppl_a, "ppl_b": ppl_b, "delta": delta, "relative": delta / ppl_b,
-            "ci_low": float(lo), "ci_high": float(hi), "p": _bootstrap_p(boot, delta),
-            "effect_dz": cohens_dz(a / ta - b / tb), "units": int(a.size),
-            "significant": bool(lo > 0 or hi < 0)}
+    out = {"ppl_a": ppl_a, "ppl_b": ppl_b, "delta": delta, "relative": delta / ppl_b,
+           "ci_low": float(lo), "ci_high": float(hi), "p": _bootstrap_p(boot, delta),
+           "effect_dz": cohens_dz(a / ta - b / tb), "units": int(a.size), "unit": "windows",
+           "significant": bool(lo > 0 or hi < 0)}
+    reason = no_test_reason(int(a.size), "windows", boot)
+    return out if reason is None else _untested(out, reason, "p")
 
 
 def seeded_ppl_test(nll_a: Sequence[Sequence[float]], nll_b: Sequence[Sequence[float]],
@@ -128,12 +155,14 @@ def seeded_ppl_test(nll_a: Sequence[Sequence[float]], nll_b: Sequence[Sequence[f
     seeds_b = np.exp(b.sum(1) / tok.sum())
     delta = float(seeds_a.mean() - seeds_b.mean())
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return {"ppl_a": float(seeds_a.mean()), "ppl_b": float(seeds_b.mean()), "delta": delta,
-            "relative": delta / float(seeds_b.mean()), "ci_low": float(lo), "ci_high": float(hi),
-            "p": _bootstrap_p(boot, delta),
-            "effect_dz": cohens_dz(a.mean(0) / tok - b.mean(0) / tok),
-            "seeds_a": [float(v) for v in seeds_a], "seeds_b": [float(v) for v in seeds_b],
-            "units": int(tok.size), "significant": bool(lo > 0 or hi < 0)}
+    out = {"ppl_a": float(seeds_a.mean()), "ppl_b": float(seeds_b.mean()), "delta": delta,
+           "relative": delta / float(seeds_b.mean()), "ci_low": float(lo), "ci_high": float(hi),
+           "p": _bootstrap_p(boot, delta),
+           "effect_dz": cohens_dz(a.mean(0) / tok - b.mean(0) / tok),
+           "seeds_a": [float(v) for v in seeds_a], "seeds_b": [float(v) for v in seeds_b],
+           "units": int(tok.size), "unit": "windows", "significant": bool(lo > 0 or hi < 0)}
+    reason = no_test_reason(int(tok.size), "windows", boot)
+    return out if reason is None else _untested(out, reason, "p")
 
 
 def paired_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAULT_BOOTSTRAP,
@@ -153,11 +182,13 @@ def paired_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAU
     # warn of catastrophic cancellation and return noise).
     varies = diff.size > 1 and not np.allclose(diff, diff[0], rtol=0.0, atol=1e-12)
     t = stats.ttest_rel(x, y) if varies else None
-    return {"mean_a": float(x.mean()), "mean_b": float(y.mean()), "delta": delta,
-            "ci_low": float(lo), "ci_high": float(hi), "p_bootstrap": _bootstrap_p(boot, delta),
-            "p_ttest": float(t.pvalue) if t is not None else None,
-            "effect_dz": cohens_dz(diff), "units": int(diff.size),
-            "significant": bool(lo > 0 or hi < 0)}
+    out = {"mean_a": float(x.mean()), "mean_b": float(y.mean()), "delta": delta,
+           "ci_low": float(lo), "ci_high": float(hi), "p_bootstrap": _bootstrap_p(boot, delta),
+           "p_ttest": float(t.pvalue) if t is not None else None,
+           "effect_dz": cohens_dz(diff), "units": int(diff.size), "unit": "items",
+           "significant": bool(lo > 0 or hi < 0)}
+    reason = no_test_reason(int(diff.size), "items", boot)
+    return out if reason is None else _untested(out, reason, "p_bootstrap", "p_ttest")
 
 
 def two_sample_mean_test(a: Sequence[float], b: Sequence[float], n_boot: int = DEFAULT_BOOTSTRAP,
@@ -237,18 +268,38 @@ def holm_adjust(pvalues: Sequence[float]) -> list[float]:
     return [float(v) for v in out]
 
 
-def test_p(test: dict[str, Any]) -> float:
-    """A test's two-sided p-value: `p` (perplexity and rank tests) or the bootstrap's."""
-    return float(test["p"] if "p" in test else test["p_bootstrap"])
+def test_p(test: dict[str, Any]) -> float | None:
+    """A test's two-sided p-value: `p` (perplexity and rank tests) or the bootstrap's; None
+    for a comparison too small to test (`no_test`)."""
+    p = test["p"] if "p" in test else test["p_bootstrap"]
+    return None if p is None else float(p)
 
 
 def with_holm(tests: Sequence[dict[str, Any]], alpha: float = 1 - LEVEL,
-              p_of: Callable[[dict[str, Any]], float] = test_p) -> list[dict[str, Any]]:
+              p_of: Callable[[dict[str, Any]], float | None] = test_p) -> list[dict[str, Any]]:
     """Copies of `tests` (one family) with `p_holm` and `significant_holm` (p_holm < alpha);
-    `p_of` picks the p-value each test is adjusted on (default: `test_p`)."""
-    adjusted = holm_adjust([p_of(t) for t in tests])
-    return [{**t, "p_holm": q, "significant_holm": bool(q < alpha)}
-            for t, q in zip(tests, adjusted, strict=True)]
+    `p_of` picks the p-value each test is adjusted on (default: `test_p`). Comparisons with
+    no test (no p) stay out of the family: p_holm None, never significant."""
+    ps = [p_of(t) for t in tests]
+    adjusted = iter(holm_adjust([p for p in ps if p is not None]))
+    out = []
+    for t, p in zip(tests, ps, strict=True):
+        q = None if p is None else next(adjusted)
+        out.append({**t, "p_holm": q, "significant_holm": bool(q is not None and q < alpha)})
+    return out
+
+
+def p_text(test: dict[str, Any], key: str | None = None) -> str:
+    """'p=0.004, 64 windows': a p-value with its unit count; for a comparison with no test,
+    'no p-value: <why>'."""
+    if test.get("no_test"):
+        return f"no p-value: {test['no_test']}"
+    p = test_p(test) if key is None else test[key]
+    units = test.get("units")
+    if units is None:
+        return f"p={p:.3g}"
+    count = "+".join(str(u) for u in units) if isinstance(units, list) else str(units)
+    return f"p={p:.3g}, {count} {test.get('unit', 'units')}"
 
 
 def significant(test: dict[str, Any]) -> bool:
@@ -260,9 +311,10 @@ def significant(test: dict[str, Any]) -> bool:
 def verdict(test: dict[str, Any], better_when_lower: bool = True) -> str:
     """'A better (p=...)', 'B better (p=...)' or 'no significant difference (p=...)'; a test
     that went through `with_holm` and does not survive the adjustment says so."""
-    p = test_p(test)
+    if test.get("no_test"):
+        return f"effect {test['delta']:+.3g}, untested ({p_text(test)})"
     if not test["significant"]:
-        return f"no significant difference (p={p:.3g})"
+        return f"no significant difference ({p_text(test)})"
     a_better = (test["delta"] < 0) == better_when_lower
     holm = " (not after Holm)" if test.get("significant_holm") is False else ""
-    return f"{'A' if a_better else 'B'} better (p={p:.3g}){holm}"
+    return f"{'A' if a_better else 'B'} better ({p_text(test)}){holm}"

@@ -56,10 +56,16 @@ def multiple_comparisons(label: str, tests: list[dict[str, Any]], name: Any,
     raw = sum(bool(t["significant"]) for t in tests)
     kept = [f"{name(t)} (p_Holm={t['p_holm']:.2g})" for t in tests if t["significant_holm"]]
     lost = [name(t) for t in tests if t["significant"] and not t["significant_holm"]]
-    smallest = min(test_p(t) for t in tests)
-    text = (f"- **{label}, multiple comparisons**: {raw} of {len(tests)} tests are significant "
-            f"at 95% uncorrected (smallest p {smallest:.2g}); after Holm's correction over all "
-            f"{len(tests)}, {len(kept)} remain{'s' if len(kept) == 1 else ''}")
+    tested = [p for p in (test_p(t) for t in tests) if p is not None]
+    if not tested:
+        return (f"- **{label}**: none of the {len(tests)} comparisons has enough paired units "
+                "for a test; their effects are reported without p-values.")
+    untested = len(tests) - len(tested)
+    text = (f"- **{label}, multiple comparisons**: {raw} of {len(tested)} tests are significant "
+            f"at 95% uncorrected (smallest p {min(tested):.2g}); after Holm's correction over all "
+            f"{len(tested)}, {len(kept)} remain{'s' if len(kept) == 1 else ''}"
+            + (f" ({untested} comparison{'s' if untested != 1 else ''} too small to test)"
+               if untested else ""))
     if kept and len(kept) <= most_named:
         text += f" ({', '.join(kept)})"
     if lost:
@@ -152,20 +158,23 @@ def evidence_markdown(cells: dict[str, dict[str, Any]], baseline: str) -> tuple[
         for t in tests:
             if "pooled" not in t:
                 rows.append([t["method"], t["axes"] or "-", f"{t['a']} vs {t['b']}", "-", "-", "-",
-                             "-", t["note"]])
+                             "-", "-", t["note"]])
                 continue
             p = t["pooled"]
             wins = [v for v in t["per_language"].values() if v["significant"]]
             a_wins = sum(v["delta"] < 0 for v in wins)
             rows.append([t["method"], t["axes"] or "-", f"{t['a']} vs {t['b']}",
-                         f"{p['delta']:+.3f}", f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]",
-                         f"{p['p']:.3g}", "-" if p["effect_dz"] is None else f"{p['effect_dz']:.2f}",
+                         f"{p['delta']:+.3f}",
+                         "-" if p["ci_low"] is None else f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]",
+                         "-" if p["p"] is None else f"{p['p']:.3g}", p["units"],
+                         "-" if p["effect_dz"] is None else f"{p['effect_dz']:.2f}",
                          f"{verdict(p)}; per language: A better in {a_wins}, B better in "
                          f"{len(wins) - a_wins} of {len(t['per_language'])}"])
         parts += [f"## Paired tests: each selector vs {baseline} (same windows)",
                   "Δppl = ppl(A) - ppl(B) on the pooled evaluation windows (negative: A better); "
                   "95% CI and two-sided p from 10,000 paired bootstrap resamples of windows; "
-                  "effect size d_z of the per-window mean-NLL differences.",
-                  markdown_table(["method", "other axes", "A vs B", "Δppl", "95% CI", "p", "d_z",
-                                  "verdict"], rows)]
+                  "effect size d_z of the per-window mean-NLL differences; n: paired windows. "
+                  "With fewer than 10 windows there is no test: the effect stands alone.",
+                  markdown_table(["method", "other axes", "A vs B", "Δppl", "95% CI", "p", "n",
+                                  "d_z", "verdict"], rows)]
     return parts, {"seed_intervals": intervals, "selector_tests": tests}

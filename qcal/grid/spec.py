@@ -152,8 +152,11 @@ class GridSpec:
         if cell.method is None:
             raise ConfigError("the float cell quantizes nothing; it has no recipe")
         calib = self.calib_config(cell.selector, cell) if cell.selector is not None else None
+        # Grid checkpoints stay in the GPTQ layout: its g_idx act-order is what the committed
+        # studies measured, and their cached cells keep their keys (qcal reads any format).
         return QuantRecipe(method=self.method_config(cell.method, cell), calib=calib,
-                           model=self.setting(cell, "model"), output=str(output), device=device)
+                           model=self.setting(cell, "model"), output=str(output), device=device,
+                           format="gptq")
 
     def float_cell(self, cell: Cell) -> Cell:
         """The float reference that `cell` is compared with (same model)."""

@@ -19,6 +19,7 @@ from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
 from qcal.config import ModuleSelection
+from qcal.logs import info as log_info
 from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.packing.qlinear import QuantLinear
@@ -35,7 +36,7 @@ class RunOptions:
     packed: bool = True
     work_dir: Path | None = None  # per-layer state for --resume
     resume: bool = False
-    log: Callable[[str], None] = print
+    log: Callable[[str], None] = log_info  # the `qcal` logger; the CLI shows it on stderr
     # The float model dir the model was *just* loaded from, unchanged: calibration-based
     # methods may then re-read each layer from it instead of keeping the model resident.
     weights_dir: Path | None = None

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError, RemoteCodeError
+from qcal.model.hub import parse_hub_id, snapshot_dir
 from qcal.paths import PROVISIONED_MODELS, default_model_dir, models_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -87,10 +88,12 @@ def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False)
             )
     else:
         path = Path(model).expanduser()
+        if not path.exists() and parse_hub_id(str(model)) is not None:
+            path = snapshot_dir(str(model))  # a Hub id: the cached (or downloaded) snapshot
         if not path.exists():
             raise ModelNotFoundError(
                 f"model directory {path} does not exist; pass a local HF model directory "
-                "(config.json + *.safetensors + tokenizer), the name of one under "
+                "(config.json + *.safetensors + tokenizer), a Hub id (org/name), the name of one under "
                 f"{models_dir()} or omit --model for the default model"
             )
         if not (path / "config.json").is_file():

@@ -32,6 +32,9 @@ WEIGHTS_NAME = "model.safetensors"
 QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 CHECKPOINT_KIND = "checkpoint"
 QUANT_METHODS = ("gptq", "compressed-tensors", "awq")  # quantization_config.quant_method
+# The default: the one format that bare transformers (with compressed-tensors, a qcal
+# dependency), lm_eval's hf model and vLLM all load natively, symmetric or not (docs/formats.md).
+DEFAULT_FORMAT = "compressed-tensors"
 # --format names: gptq_v2 is the GPTQ layout with true zero points (GPTQModel 7.6 loads an
 # asymmetric GPTQ checkpoint only so); gptq stores zero - 1 (v1) unless a zero point is 0.
 FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
@@ -100,6 +103,10 @@ def save_checkpoint(
         raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {', '.join(FORMATS)}")
     first = next(iter(layers.values()))
     if fmt in ("gptq", "gptq_v2"):
+        if len({(q.bits, q.group_size) for q in layers.values()}) > 1:
+            # (GPTQModel's `dynamic` field would say it; qcal does not write that yet.)
+            raise CheckpointError(f"the {fmt} quantization_config holds one scheme for every "
+                                  "linear; per-module schemes need --format compressed-tensors")
         storage = "gptq_v2" if fmt == "gptq_v2" else _zero_storage_format(model)
         qcfg = quantization_config(first, sym, storage, meta or {}, fields)
         state = _state_for_disk(model, storage)
@@ -131,22 +138,28 @@ def _other_format_state(model: nn.Module, fmt: str, sym: bool, fields: dict[str,
 
     layers = quant_modules(model)
     first = next(iter(layers.values()))
+    if fmt == "awq" and len({(q.bits, q.group_size) for q in layers.values()}) > 1:
+        raise CheckpointError("the AWQ GEMM layout holds one scheme for every linear; use "
+                              "--format compressed-tensors for per-module schemes")
     state = _state_for_disk(model, "gptq_v2")
     dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
-    actorder = False
     for name, layer in layers.items():
         for suffix in QUANT_SUFFIXES:
             state.pop(f"{name}.{suffix}")
         codes = formats.codes_of(layer)
-        actorder = actorder or not codes.contiguous_groups
         new = (formats.ct_tensors(name, codes, dtype, sym) if fmt == "compressed-tensors"
                else formats.awq_tensors(name, codes))
         state.update({k: v.contiguous() for k, v in new.items()})
     if fmt == "awq":
         return state, formats.awq_config(first.bits, first.group_size)
     ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return state, formats.ct_config(first.bits, first.group_size, sym,
-                                    actorder or bool(fields.get("desc_act")), ignore)
+    by_scheme: dict[tuple[int, int], list[str]] = {}
+    for name, layer in layers.items():
+        by_scheme.setdefault((layer.bits, layer.group_size), []).append(name)
+    groups = ([(first.bits, first.group_size, ["Linear"])] if len(by_scheme) == 1 else
+              [(bits, group, names) for (bits, group), names in by_scheme.items()])
+    # Act-order reaches this format only with static groups (ct_tensors refuses g_idx).
+    return state, formats.ct_config(groups, sym, bool(fields.get("desc_act")), ignore)
 
 
 def is_legacy_qcal_checkpoint(path: Path) -> bool:
@@ -168,6 +181,31 @@ def is_quantized_checkpoint(path: Path | str) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return qc.get("quant_method") in QUANT_METHODS
+
+
+def checkpoint_summary(path: Path | str) -> dict[str, Any]:
+    """Method, scheme, source and calibration of a quantized checkpoint in any format:
+    from its quant_log.json (qcal's) or else from the GPTQ-style quantization_config."""
+    path = Path(path)
+    qc = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+    try:
+        log = json.loads((path / "quant_log.json").read_text())
+    except (OSError, ValueError):
+        log = dict(qc.get("meta") or {})
+    config = log.get("config") or {}
+    scheme = config.get("scheme") or {}
+    if qc.get("quant_method") == "compressed-tensors" and not scheme:
+        from qcal.packing.formats import ct_scheme
+
+        bits, group = ct_scheme(qc)[:2]
+        scheme = {"bits": bits, "group_size": group}
+    return {"method": log.get("method", qc.get("quant_method")),
+            "bits": scheme.get("bits", qc.get("bits")),
+            "group_size": scheme.get("group_size", qc.get("group_size")),
+            "sym": scheme.get("sym", qc.get("sym")),
+            "desc_act": config.get("desc_act", qc.get("desc_act")),
+            "source_model": log.get("source_model"), "calibration": log.get("calibration"),
+            "format": log.get("format") or qc.get("checkpoint_format") or qc.get("quant_method")}
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -206,23 +244,32 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     if method not in QUANT_METHODS:
         raise CheckpointError(f"{path}/config.json has no quantization_config qcal reads "
                               f"(quant_method {method!r}; known: {', '.join(QUANT_METHODS)})")
-    if method == "compressed-tensors":
-        from qcal.packing.formats import ct_scheme
+    if method == "compressed-tensors":  # one scheme per config group (per-module schemes)
+        from qcal.packing.formats import ct_groups, ct_layer_scheme
 
-        bits, group_size = ct_scheme(qcfg)[:2]
+        groups = ct_groups(qcfg)
+        all_bits = {g[0] for g in groups}
+
+        def scheme_of(name: str) -> tuple[int, int]:
+            return ct_layer_scheme(groups, name)
     else:
         try:
             bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}/config.json quantization_config needs integer \"bits\" "
                                   "and \"group_size\"; re-create it with `qcal quantize`") from None
-    if bits not in PACKABLE_BITS:
-        raise CheckpointError(f"{path}/config.json says bits={bits}; qcal's checkpoints hold "
-                              f"{PACKABLE_BITS}-bit weights: fix config.json or re-create it")
+        all_bits = {bits}
+
+        def scheme_of(name: str) -> tuple[int, int]:
+            return bits, group_size
+    unpackable = sorted(all_bits - set(PACKABLE_BITS))
+    if unpackable:
+        raise CheckpointError(f"{path}/config.json says bits={unpackable[0]}; qcal's checkpoints "
+                              f"hold {PACKABLE_BITS}-bit weights: fix config.json or re-create it")
     state = _read_tensors(path)
     fmt = qcfg.get("checkpoint_format", "gptq")
     if method != "gptq":
-        state, fmt = _as_gptq_state(state, method, bits, group_size), "gptq_v2"
+        state, fmt = _as_gptq_state(state, method, scheme_of), "gptq_v2"
 
     config = AutoConfig.from_pretrained(str(path), local_files_only=True,
                                         trust_remote_code=trust_remote_code)
@@ -245,7 +292,7 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         scales = state.get(f"{name}.scales")
         # Keep the file's scale dtype (bf16/fp32 in other formats): a cast could round them.
         scale_dtype = scales.dtype if scales is not None and scales.is_floating_point() else torch.float16
-        qlayer = QuantLinear(linear.in_features, linear.out_features, bits, group_size,
+        qlayer = QuantLinear(linear.in_features, linear.out_features, *scheme_of(name),
                              linear.bias is not None, scale_dtype)
         set_module(model, name, qlayer)
         for suffix in QUANT_SUFFIXES:
@@ -257,7 +304,7 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     if fmt == "gptq":
         for name in quant_names:
             layer = get_module(model, name)
-            layer.qzeros.copy_(pack_cols(unpack_cols(layer.qzeros, bits) + 1, bits))
+            layer.qzeros.copy_(pack_cols(unpack_cols(layer.qzeros, layer.bits) + 1, layer.bits))
     elif fmt != "gptq_v2":
         raise CheckpointError(f"unsupported checkpoint_format {fmt!r} in {path}/config.json")
     model.tie_weights()
@@ -265,8 +312,8 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     return model
 
 
-def _as_gptq_state(state: dict[str, torch.Tensor], method: str, bits: int,
-                   group_size: int) -> dict[str, torch.Tensor]:
+def _as_gptq_state(state: dict[str, torch.Tensor], method: str,
+                   scheme_of: Any) -> dict[str, torch.Tensor]:
     """A compressed-tensors or AWQ state dict rewritten as GPTQ buffers (true zero points)."""
     from qcal.packing import formats
 
@@ -274,9 +321,12 @@ def _as_gptq_state(state: dict[str, torch.Tensor], method: str, bits: int,
     names = sorted({k[: -len(marker)] for k in state if k.endswith(marker)})
     out = dict(state)
     for name in names:
+        bits, group_size = scheme_of(name)
         try:
             codes = (formats.ct_codes(state, name, bits, group_size) if method != "awq"
                      else formats.awq_codes(state, name, bits, group_size))
+        except CheckpointError:
+            raise  # already one line naming the tensor
         except (KeyError, RuntimeError, ValueError) as err:
             raise CheckpointError(f"{method} tensors of {name} are incomplete or mis-shaped "
                                   f"({str(err).splitlines()[0][:120]}); re-create the checkpoint") from None

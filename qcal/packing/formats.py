@@ -1,11 +1,13 @@
 """On-disk formats of a quantized linear besides the GPTQ layout, both directions.
 
-- `compressed-tensors` "pack-quantized" (what vLLM loads natively and transformers loads
-  through the `compressed-tensors` package): per linear `weight_packed` int32
-  [out, in*bits/32] (codes along in_features, element i at bit i*bits, stored with the
-  signed offset 2**(bits-1)), `weight_scale` [out, groups] in the model's float dtype,
-  `weight_zero_point` int32 [out*bits/32, groups] (asymmetric only; packed along out),
-  `weight_shape` [2], and `weight_g_idx` [in] when act-order reorders groups.
+- `compressed-tensors` "pack-quantized" (qcal's default: vLLM serves it natively and
+  transformers loads it with the `compressed-tensors` package alone): per linear
+  `weight_packed` int32 [out, in*bits/32] (codes along in_features, element i at bit
+  i*bits, stored with the signed offset 2**(bits-1)), `weight_scale` [out, groups] in the
+  model's float dtype, `weight_zero_point` int32 [out*bits/32, groups] (asymmetric only;
+  packed along out), `weight_shape` [2]. compressed-tensors 0.20 stores act-order only as
+  `actorder: "weight"` (columns visited in activation order, groups contiguous: GPTQ's
+  static groups), so it has no `weight_g_idx`; qcal still reads one in older files.
 - AWQ GEMM (`quant_method: awq`, `version: gemm`, AutoAWQ's layout): `qweight` int32
   [in, out/8] and `qzeros` int32 [groups, out/8], both packing 8 output columns per word
   in the interleaved order 0 2 4 6 1 3 5 7; `scales` fp16 [groups, out]; 4-bit, groups
@@ -81,6 +83,11 @@ def ct_tensors(name: str, c: LinearCodes, dtype: torch.dtype, sym: bool) -> dict
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     require_whole_groups(name, c, "compressed-tensors")
+    if not c.contiguous_groups:
+        raise CheckpointError(
+            f"{name} has act-order groups (g_idx), which compressed-tensors 0.20 cannot store; "
+            "quantize with --desc-act --static-groups for compressed-tensors, or use --format gptq"
+        )
     offset = 1 << (c.bits - 1)
     out = {f"{name}.weight_packed": pack_to_int32((c.codes - offset).to(torch.int8), c.bits),
            f"{name}.weight_scale": c.scales.T.contiguous().to(dtype),
@@ -90,8 +97,6 @@ def ct_tensors(name: str, c: LinearCodes, dtype: torch.dtype, sym: bool) -> dict
         out[f"{name}.weight_zero_point"] = pack_to_int32(zp, c.bits, packed_dim=0)
     elif not bool((c.zeros == offset).all()):
         raise CheckpointError(f"{name}: a symmetric scheme needs zero points of {offset}")
-    if not c.contiguous_groups:
-        out[f"{name}.weight_g_idx"] = c.g_idx.to(torch.int32)
     return out
 
 
@@ -99,6 +104,13 @@ def ct_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: i
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
     shape = torch.Size(int(v) for v in state[f"{name}.weight_shape"])
+    packed = state[f"{name}.weight_packed"]
+    words = -(-shape[1] * bits // 32)
+    if tuple(packed.shape) != (shape[0], words):
+        # The unpacker would read a prefix of the words without complaint.
+        raise CheckpointError(f"checkpoint tensor {name}.weight_packed has shape "
+                              f"{tuple(packed.shape)}, expected {(shape[0], words)} for "
+                              f"{bits}-bit weights; the checkpoint does not match its config.json")
     offset = 1 << (bits - 1)
     codes = unpack_from_int32(state[f"{name}.weight_packed"], bits, shape).to(torch.int64) + offset
     scales = state[f"{name}.weight_scale"].T.contiguous()
@@ -114,34 +126,85 @@ def ct_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: i
     return LinearCodes(codes, zeros, scales, g_idx.to(torch.int32), bits, group_size)
 
 
-def ct_config(bits: int, group_size: int, sym: bool, actorder: bool,
+def ct_config(groups: list[tuple[int, int, list[str]]], sym: bool, actorder: bool,
               ignore: list[str]) -> dict[str, Any]:
-    weights = {"num_bits": bits, "type": "int", "symmetric": sym, "dynamic": False,
-               "strategy": "channel" if group_size == -1 else "group",
-               "group_size": None if group_size == -1 else group_size,
-               "actorder": "group" if actorder else None, "observer": "minmax"}
-    return {"quant_method": "compressed-tensors", "format": CT_FORMAT,
-            "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
-                                          "input_activations": None,
-                                          "output_activations": None, "format": CT_FORMAT}},
-            "ignore": ignore, "kv_cache_scheme": None}
+    """quantization_config of a pack-quantized checkpoint, built (and so validated) by
+    compressed-tensors' own config classes, then serialized as its ModelCompressor does.
+
+    `groups`: (bits, group size, targets) per scheme; one scheme targets every "Linear",
+    several (per-module schemes) name their linears, so no module matches two groups."""
+    import compressed_tensors
+    from compressed_tensors.quantization import (
+        ActivationOrdering,
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+    )
+
+    schemes = {}
+    for i, (bits, group_size, targets) in enumerate(groups):
+        weights = QuantizationArgs(num_bits=bits, type="int", symmetric=sym,
+                                   strategy="channel" if group_size == -1 else "group",
+                                   group_size=None if group_size == -1 else group_size,
+                                   actorder=ActivationOrdering.WEIGHT if actorder else None)
+        schemes[f"group_{i}"] = QuantizationScheme(targets=targets, weights=weights,
+                                                   format=CT_FORMAT)
+    config = QuantizationConfig(config_groups=schemes, format=CT_FORMAT,
+                                quantization_status=QuantizationStatus.COMPRESSED, ignore=ignore)
+    out = {"version": compressed_tensors.__version__, **config.model_dump(mode="json")}
+    if not sym and len(groups) == 1:
+        # transformers' compressed path (compressed-tensors 0.20.1) sizes the model's zero
+        # points unpacked, [out, groups], and refuses the packed ones every writer stores
+        # (vLLM reads only those). `dequantize` is a documented CompressedTensorsConfig field
+        # that transformers reads from config.json: it then decompresses at load time,
+        # which unpacks them correctly; vLLM and compressed-tensors ignore the key.
+        # transformers 5.24 dequantizes every dense linear with ONE config group's scheme,
+        # so with several groups the flag would load wrong weights in silence; without it
+        # transformers refuses such a file loudly (docs/formats.md).
+        out["dequantize"] = True
+    return out
 
 
-def ct_scheme(qcfg: dict[str, Any]) -> tuple[int, int, list[str], list[str]]:
-    """(bits, group size, targets, ignore) of a pack-quantized config qcal can read."""
+def ct_groups(qcfg: dict[str, Any]) -> list[tuple[int, int, list[str]]]:
+    """(bits, group size, targets) of each weight-only config group qcal can read."""
     if qcfg.get("format") != CT_FORMAT:
         raise CheckpointError(f"compressed-tensors format {qcfg.get('format')!r} is not supported; "
                               f"qcal reads {CT_FORMAT!r}")
     groups = list((qcfg.get("config_groups") or {}).values())
-    if len(groups) != 1 or not groups[0].get("weights"):
-        raise CheckpointError("qcal reads compressed-tensors checkpoints with one weight-only "
-                              "config group")
-    w = groups[0]["weights"]
-    if w.get("type") != "int" or groups[0].get("input_activations"):
-        raise CheckpointError("qcal reads integer weight-only compressed-tensors checkpoints")
-    group = -1 if w.get("strategy") == "channel" else int(w["group_size"])
-    return int(w["num_bits"]), group, list(groups[0].get("targets") or []), qcfg.get("ignore") or []
+    if not groups or not all(isinstance(g, dict) and g.get("weights") for g in groups):
+        raise CheckpointError("qcal reads compressed-tensors checkpoints whose config groups "
+                              "are weight-only")
+    out = []
+    for g in groups:
+        w = g["weights"]
+        if w.get("type") != "int" or g.get("input_activations"):
+            raise CheckpointError("qcal reads integer weight-only compressed-tensors checkpoints")
+        group = -1 if w.get("strategy") == "channel" else int(w["group_size"])
+        out.append((int(w["num_bits"]), group, list(g.get("targets") or [])))
+    return out
+
+
+def ct_scheme(qcfg: dict[str, Any]) -> tuple[int, int, list[str], list[str]]:
+    """(bits, group size, targets, ignore) of the first config group."""
+    bits, group, targets = ct_groups(qcfg)[0]
+    return bits, group, targets, qcfg.get("ignore") or []
+
+
+def ct_layer_scheme(groups: list[tuple[int, int, list[str]]], name: str) -> tuple[int, int]:
+    """(bits, group size) of linear `name`: the group that names it (exactly or by a
+    `re:` pattern) before one that targets every "Linear"."""
+    import re
+
+    for bits, group, targets in groups:
+        for t in targets:
+            if t == name or (t.startswith("re:") and re.fullmatch(t[3:], name)):
+                return bits, group
+    for bits, group, targets in groups:
+        if "Linear" in targets:
+            return bits, group
+    raise CheckpointError(f"no compressed-tensors config group targets {name}; the checkpoint "
+                          "does not match its config.json")
 
 
 # --- AWQ GEMM ---------------------------------------------------------------------------

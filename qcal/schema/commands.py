@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from qcal.schema.fields import (
     Count,
@@ -33,6 +33,8 @@ from qcal.schema.fields import (
 )
 
 FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
+# A record field name (JSONL, Parquet, datasets): an identifier, never a path or expression.
+TextField = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", max_length=100)]
 Format = Literal["gptq", "gptq_v2", "compressed-tensors", "awq"]
 # Bit widths each checkpoint format can pack (whole int32 words; AWQ's GEMM layout is 4-bit).
 FORMAT_BITS = {"gptq": (2, 4, 8), "gptq_v2": (2, 4, 8), "compressed-tensors": (2, 4, 8),
@@ -113,11 +115,13 @@ class QuantizeOptions(Options):
     overwrite: Flag = False
     keep_work: Flag = False
     trust_remote_code: Flag = False
-    format: Format = "gptq"
+    format: Format = "compressed-tensors"
     eval: Flag = False
     eval_langs: str = "en"
     eval_windows: Count = 16
     output: Path | None = None
+    text_field: TextField = "text"
+    chat: Flag = False
     targets: list[Regex] = []
     ignore: list[Regex] = []
     moe_all_experts: Flag = False
@@ -216,6 +220,8 @@ class CalibBuildOptions(Options):
     output: Path | None = None
     overwrite: Flag = False
     trust_remote_code: Flag = False
+    text_field: TextField = "text"
+    chat: Flag = False
 
     @model_validator(mode="after")
     def _rules(self) -> CalibBuildOptions:

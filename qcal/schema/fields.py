@@ -64,7 +64,7 @@ def check_source(spec: str) -> str:
         raise ValueError("a source is a packaged corpus name, a .txt/.jsonl path or hf:<name>")
     if spec.startswith("hf:") or Path(spec).expanduser().exists():
         return spec
-    if Path(spec).suffix.lower() in (".txt", ".jsonl", ".json", ".md"):
+    if Path(spec).suffix.lower() in (".txt", ".jsonl", ".json", ".md", ".parquet"):
         raise ValueError(f"file {spec} does not exist; give an existing .txt/.jsonl file")
     _plain(spec, "corpus name")
     return spec

@@ -308,6 +308,8 @@ def share_text(row: dict[str, Any], key: str) -> str:
 def test_text(test: dict[str, Any]) -> tuple[str, str]:
     """('+0.0123 [-0.0050, +0.0300]', '0.004 *') of a paired test: its delta with the 95%
     interval, and its p (after Holm where adjusted), * where significant."""
+    if test.get("no_test"):  # too few items: the effect alone
+        return f"{test['delta']:+.4f} (n={test['units']}, untested)", "-"
     p = test.get("p_holm", test["p_bootstrap"])
     mark = " *" if significant(test) else ""
     return (f"{test['delta']:+.4f} [{test['ci_low']:+.4f}, {test['ci_high']:+.4f}]",

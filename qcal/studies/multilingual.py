@@ -14,7 +14,7 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
-from qcal.eval.stats import seeded_ppl_test
+from qcal.eval.stats import p_text, seeded_ppl_test
 from qcal.grid.evidence import holm_families, model_ppl, multiple_comparisons, seed_sorted
 
 SINGLE = ["ml:en", "ml:de", "ml:ru", "ml:zh", "ml:ar"]
@@ -141,8 +141,10 @@ def findings(method: str, vs_en: list[dict[str, Any]], matched: list[dict[str, A
         out.append(
             f"- **{method}, mixes vs English-only**: {len(better)} of {len(mixes)} mixes are "
             f"significantly better than English-only calibration on the pooled windows of all "
-            f"languages; the best, {best['a']}, by {-best['delta']:.2f} ppl (95% CI "
-            f"[{-best['ci_high']:.2f}, {-best['ci_low']:.2f}], p={best['p']:.3g}). This {agrees} "
+            f"languages; the best, {best['a']}, by {-best['delta']:.2f} ppl ("
+            + (f"95% CI [{-best['ci_high']:.2f}, {-best['ci_low']:.2f}], {p_text(best)}"
+               if best.get("no_test") is None else p_text(best))
+            + f"). This {agrees} "
             f"with the published finding that mixes beat English-only calibration (by up to "
             f"{PUBLISHED_MIX_GAIN} ppl on 8B models; ours has 135M-270M parameters, so only the "
             "direction is comparable).")

@@ -44,6 +44,8 @@ def equivalence(test: dict[str, Any], margin: float = EQUIVALENCE_MARGIN) -> str
     'matches' needs the whole 95% interval of (ppl_A - ppl_B) / ppl_B inside +-margin; a
     significant difference outside it (after Holm, for a test that went through `with_holm`)
     is 'beats' / 'trails'; anything else is too wide to tell."""
+    if test.get("no_test"):
+        return "untested"  # too few windows for an interval: the effect alone
     low, high = test["ci_low"] / test["ppl_b"], test["ci_high"] / test["ppl_b"]
     if -margin <= low and high <= margin:
         return "matches"
@@ -98,8 +100,10 @@ def findings(tests: list[dict[str, Any]], cost: dict[str, dict[int, float]],
     zp = [t for t in tests if (t["a"], t["b"]) == ("zipf", "perplexity")]
     if zp:
         verdicts = [f"{t['method']} n={t['nsamples']}: {t['equivalence']} "
-                    f"({100 * t['relative']:+.2f}%, 95% CI [{100 * t['ci_low'] / t['ppl_b']:+.2f}%, "
-                    f"{100 * t['ci_high'] / t['ppl_b']:+.2f}%])" for t in zp]
+                    f"({100 * t['relative']:+.2f}%, " + (
+                        f"95% CI [{100 * t['ci_low'] / t['ppl_b']:+.2f}%, "
+                        f"{100 * t['ci_high'] / t['ppl_b']:+.2f}%])" if t["ci_low"] is not None
+                        else f"{t['units']} windows, no interval)") for t in zp]
         not_worse = sum(t["equivalence"] in ("matches", "beats") for t in zp)
         agrees = ("agrees" if not_worse == len(zp) else
                   "disagrees" if all(t["equivalence"] == "trails" for t in zp) else "partly agrees")

@@ -133,8 +133,9 @@ def test_cli_quantize_awq_writes_a_loadable_gptq_layout_checkpoint(tiny_model_di
                "-o", str(out)])
     assert rc == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["quantization_config"]["quant_method"] == "gptq"
-    assert config["quantization_config"]["group_size"] == 64
+    qcfg = config["quantization_config"]  # the default format
+    assert qcfg["quant_method"] == "compressed-tensors"
+    assert qcfg["config_groups"]["group_0"]["weights"]["group_size"] == 64
     log = json.loads((out / "quant_log.json").read_text())
     assert log["method"] == "awq" and log["config"]["clip_search"] is True
     assert (out / "artifacts" / ARTIFACT_NAME).is_file()  # the search travels with the checkpoint

@@ -53,13 +53,22 @@ def test_truncated_model_safetensors(cli: Cli, home: Path) -> None:
 
 def test_checkpoint_bits_do_not_match_tensors(cli: Cli, home: Path) -> None:
     ckpt = home / "ckpt"
-    assert cli(*rtn_args(home, ckpt))[0] == 0
+    assert cli(*rtn_args(home, ckpt, "--format", "gptq"))[0] == 0
     cfg = json.loads((ckpt / "config.json").read_text())
     for bits, match in ((8, "does not match its config.json"), (3, "checkpoints hold (2, 4, 8)-bit weights")):
         cfg["quantization_config"]["bits"] = bits
         (ckpt / "config.json").write_text(json.dumps(cfg))
         cli.refused("eval", "--model", ckpt, "--text", home / "calib.txt", match=match,
                     case=f"checkpoint config says bits={bits}, tensors are 4-bit")
+    ct = home / "ct"  # the default format: fewer bits would read a prefix of the words
+    assert cli(*rtn_args(home, ct))[0] == 0
+    cfg = json.loads((ct / "config.json").read_text())
+    for bits in (2, 8):
+        cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = bits
+        (ct / "config.json").write_text(json.dumps(cfg))
+        cli.refused("eval", "--model", ct, "--text", home / "calib.txt",
+                    match="does not match its config.json",
+                    case=f"compressed-tensors config says {bits}-bit, tensors are 4-bit")
 
 
 def test_eval_text_that_is_not_utf8(cli: Cli, home: Path) -> None:

@@ -167,7 +167,7 @@ def test_checkpoint_missing_tensors_fails_clearly(tiny_rtn: Path, text_file: Pat
     broken = tmp_path / "broken"
     shutil.copytree(tiny_rtn, broken)
     state = load_file(str(broken / "model.safetensors"))
-    victim = next(k for k in state if k.endswith(".qweight"))
+    victim = next(k for k in state if k.endswith((".qweight", ".weight_packed")))
     del state[victim]
     save_file(state, str(broken / "model.safetensors"))
     rc = main(["eval", "--model", str(broken), "--text", str(text_file), "--seqlen", "64"])

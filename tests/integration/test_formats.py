@@ -55,30 +55,39 @@ def test_round_trip_keeps_every_code(tiny_model_dir: Path, tmp_path: Path, fmt: 
 
 def test_act_order_exports_to_compressed_tensors_but_not_awq(tiny_model_dir: Path,
                                                             tmp_path: Path) -> None:
+    from compressed_tensors.quantization import QuantizationConfig
+
     from qcal.errors import CheckpointError
 
+    # compressed-tensors 0.20 stores act-order as actorder "weight" (static groups, no g_idx):
+    # the value its own config classes accept, so the export validates as theirs.
     calib = torch.randint(0, 400, (4, 32), generator=torch.Generator().manual_seed(0))
-    net, tok = _quantized(tiny_model_dir, GPTQConfig(QuantScheme(4, 32), desc_act=True), calib)
+    net, tok = _quantized(tiny_model_dir, GPTQConfig(QuantScheme(4, 32), desc_act=True,
+                                                     static_groups=True), calib)
     save_checkpoint(net, tmp_path / "ct", tok, sym=False, fmt="compressed-tensors",
                     fields={"desc_act": True})
     qcfg = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
-    assert qcfg["config_groups"]["group_0"]["weights"]["actorder"] == "group"
+    assert qcfg["config_groups"]["group_0"]["weights"]["actorder"] == "weight"
+    parsed = QuantizationConfig.model_validate(qcfg).config_groups["group_0"].weights
+    assert (parsed.actorder, parsed.symmetric, parsed.group_size) == ("weight", False, 32)
     _assert_same_codes(net, load_checkpoint(tmp_path / "ct"))
+    # Act-order groups recorded in g_idx (no static groups) have no compressed-tensors form.
+    dynamic, tok = _quantized(tiny_model_dir, GPTQConfig(QuantScheme(4, 32), desc_act=True), calib)
+    with pytest.raises(CheckpointError, match="act-order groups .g_idx., which compressed-tensors"):
+        save_checkpoint(dynamic, tmp_path / "ct2", tok, sym=False, fmt="compressed-tensors")
     with pytest.raises(CheckpointError, match="AWQ GEMM layout holds 4-bit weights with contiguous"):
-        save_checkpoint(net, tmp_path / "awq", tok, sym=False, fmt="awq")
+        save_checkpoint(dynamic, tmp_path / "awq", tok, sym=False, fmt="awq")
 
 
 @pytest.mark.parametrize("sym", [False, True])
 def test_transformers_loads_the_compressed_tensors_export(tiny_model_dir: Path, tmp_path: Path,
                                                           sym: bool) -> None:
-    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+    from transformers import AutoModelForCausalLM
 
     net, tok = _quantized(tiny_model_dir, RTNConfig(QuantScheme(4, 32, sym=sym)))
     save_checkpoint(net, tmp_path / "ct", tok, sym=sym, fmt="compressed-tensors")
-    # compressed-tensors 0.20.1 sizes asymmetric zero points unpacked on its compressed
-    # path; its dequantize path reads the packed ones that vLLM and llm-compressor write.
-    extra = {} if sym else {"quantization_config": CompressedTensorsConfig(dequantize=True)}
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ct"), dtype=torch.float32, **extra)
+    # No extra argument: an asymmetric export's config.json asks for load-time decompression.
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ct"), dtype=torch.float32)
     with torch.no_grad():
         ours, theirs = net(PROMPTS).logits, hf(PROMPTS).logits
     assert float((ours - theirs).abs().max() / ours.abs().max()) < 1e-3  # float32: 1e-3 relative
@@ -149,10 +158,10 @@ def test_default_group_size_divides_every_linear(tmp_path: Path,
     assert main(["quantize", "--model", str(model), "-o", str(out)]) == 0
     assert "group size 64: the largest of 128/64/32 that divides" in capsys.readouterr().err
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert qcfg["group_size"] == 64
+    assert qcfg["config_groups"]["group_0"]["weights"]["group_size"] == 64
     assert "group size 64" in (out / "README.md").read_text()
     assert main(["quantize", "--model", str(model), "--group-size", "128", "-o",
                  str(tmp_path / "x")]) == 2
     assert "--allow-ragged-groups" in capsys.readouterr().err
-    assert main(["quantize", "--model", str(model), "--group-size", "128",
+    assert main(["quantize", "--model", str(model), "--group-size", "128", "--format", "gptq",
                  "--allow-ragged-groups", "-o", str(tmp_path / "ragged")]) == 0

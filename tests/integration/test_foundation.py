@@ -27,7 +27,8 @@ TEXT = "\n\n".join(stdlib_text()[:40])
 @pytest.fixture(scope="module")
 def rtn_checkpoint(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ckpt") / "tiny-rtn"
-    quantize_model_dir(tiny_model_dir, "rtn", RTNConfig(QuantScheme(4, 32, sym=False)), out)
+    quantize_model_dir(tiny_model_dir, "rtn", RTNConfig(QuantScheme(4, 32, sym=False)), out,
+                       fmt="gptq")
     return out
 
 

@@ -53,7 +53,7 @@ def held_out(token_ids: torch.Tensor) -> torch.Tensor:
 def checkpoint(tiny_model_dir: Path, calib: torch.Tensor,
                tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gptq") / "tiny-gptq"
-    quantize_model_dir(tiny_model_dir, "gptq", CFG, out, calib, opts=QUIET)
+    quantize_model_dir(tiny_model_dir, "gptq", CFG, out, calib, opts=QUIET, fmt="gptq")
     return out
 
 
@@ -188,7 +188,7 @@ def test_cli_quantize_gptq(tiny_model_dir: Path, tmp_path: Path,
     out = tmp_path / "cli-gptq"
     rc = main(["quantize", "--model", str(tiny_model_dir), "--method", "gptq", "--bits", "4",
                "--group-size", "64", "--desc-act", "--sym", "--damp", "0.02", "--calib", str(text),
-               "--nsamples", "8", "--seqlen", "32", "-o", str(out)])
+               "--nsamples", "8", "--seqlen", "32", "--format", "gptq", "-o", str(out)])
     assert rc == 0
     log = json.loads((out / "quant_log.json").read_text())
     assert log["config"]["desc_act"] is True and log["config"]["damp_percent"] == 0.02

@@ -33,7 +33,9 @@ def test_mean_ci_matches_the_t_interval() -> None:
 def test_identical_models_are_not_different() -> None:
     nll = list(np.random.default_rng(0).uniform(300, 400, size=40))
     test = paired_ppl_test(nll, [100] * 40, nll, [100] * 40)
-    assert test["delta"] == 0 and not test["significant"] and test["p"] == 1.0
+    # Every paired difference is 0: the bootstrap cannot vary, so there is no test at all.
+    assert test["delta"] == 0 and not test["significant"] and test["p"] is None
+    assert "cannot vary" in test["no_test"] and test["units"] == 40
 
 
 def test_a_consistently_better_model_is_significant() -> None:
@@ -201,3 +203,27 @@ def test_multiple_comparisons_names_what_holm_removes() -> None:
     assert none_kept.endswith("0 remain; no longer significant: b; none of the differences "
                               "is established on its own.")
     assert multiple_comparisons("x", [], str) is None
+
+
+def test_too_few_units_report_the_effect_without_a_p_value() -> None:
+    from qcal.eval.stats import MIN_UNITS, p_text
+
+    rng = np.random.default_rng(1)
+    a = rng.uniform(300, 400, size=2)
+    test = paired_ppl_test(list(a), [100, 100], list(a + 40), [100, 100])  # A clearly lower
+    assert test["delta"] < 0 and test["units"] == 2 and test["unit"] == "windows"
+    assert test["p"] is None and test["ci_low"] is None and not test["significant"]
+    assert "only 2 paired windows" in test["no_test"] and str(MIN_UNITS) in test["no_test"]
+    text = verdict(test)
+    assert "better" not in text and "untested" in text and "p=" not in text
+    items = paired_mean_test([1, 0, 1, 1], [0, 0, 0, 1])
+    assert items["p_bootstrap"] is None and items["p_ttest"] is None and items["units"] == 4
+    # At the threshold the test runs, and its p always travels with the unit count.
+    enough = paired_ppl_test(list(rng.uniform(300, 400, MIN_UNITS)), [100] * MIN_UNITS,
+                             list(rng.uniform(300, 400, MIN_UNITS)), [100] * MIN_UNITS)
+    assert enough["p"] is not None and f"{MIN_UNITS} windows" in p_text(enough)
+    assert f"{MIN_UNITS} windows" in verdict(enough)
+    # An untested comparison stays out of the Holm family.
+    family = with_holm([test, {**enough, "p": 0.01, "significant": True}])
+    assert family[0]["p_holm"] is None and not family[0]["significant_holm"]
+    assert family[1]["p_holm"] == pytest.approx(0.01)
