@@ -97,6 +97,7 @@ class ArchCheck:
     float_left: list[str] = dataclasses.field(default_factory=list)
     logit_diff: float = float("nan")
     kl: float = float("nan")
+    transformers: str = ""  # "yes" when bare transformers loads it with qcal's logits, else why not
 
 
 def check(model_dir: Path, family: str, variant: str, calib: torch.Tensor, held_out: torch.Tensor,
@@ -108,7 +109,8 @@ def check(model_dir: Path, family: str, variant: str, calib: torch.Tensor, held_
         out = Path(out_dir or tmp) / f"{family}-{variant}"
         try:
             quantize_model_dir(model_dir, method, config, out, calib_ids=calib,
-                               opts=RunOptions(progress=False, log=lambda _: None))
+                               opts=RunOptions(progress=False, log=lambda _: None),
+                               fmt="compressed-tensors")
         except Exception as err:  # the row records the failure; the caller decides
             row.error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             return row
@@ -123,8 +125,24 @@ def check(model_dir: Path, family: str, variant: str, calib: torch.Tensor, held_
         drift = compare_on_ids(base, quant, held_out.reshape(-1), seqlen=held_out.shape[1],
                                progress=False)
         row.kl = float(drift.kl.mean())
+        row.transformers = transformers_loads(out, held_out[:1], packed)
         row.ok = not row.float_left and row.logit_diff < 1e-3
     return row
+
+
+@torch.no_grad()
+def transformers_loads(ckpt: Path, ids: torch.Tensor, qcal_logits: torch.Tensor) -> str:
+    """"yes" when a bare `AutoModelForCausalLM.from_pretrained` loads the checkpoint and gives
+    qcal's logits (within the int4 kernels' rounding), else the first line of why not."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        net = AutoModelForCausalLM.from_pretrained(str(ckpt))
+        logits = net(ids).logits
+    except Exception as err:  # recorded, not raised: the table says which loader fails
+        return f"no: {type(err).__name__}: {str(err).strip().splitlines()[0][:120]}"
+    diff = float((logits - qcal_logits).abs().max() / qcal_logits.abs().max())
+    return "yes" if diff < 1e-2 else f"no: logits differ from qcal's by {diff:.1e}"
 
 
 def layer_count(model: nn.Module) -> int:

@@ -56,6 +56,9 @@ def check_weights_match_config(path: Path, trust_remote_code: bool = False) -> N
     path = Path(path)
     net = skeleton(path, trust_remote_code)
     files = file_tensors(path)
+    if _converted_on_load(net):
+        _check_sizes(net, files, path)
+        return
     prefix = getattr(net, "base_model_prefix", "") or ""
 
     def find(name: str) -> str | None:
@@ -100,6 +103,36 @@ def check_weights_match_config(path: Path, trust_remote_code: bool = False) -> N
             f"{path}: {len(unused)} tensor(s) in the weight files have no place in the "
             f"architecture of config.json ({_listed(unused)}) and would be ignored; restore the "
             "model's own config.json (e.g. num_hidden_layers)")
+
+
+def _converted_on_load(net: torch.nn.Module) -> bool:
+    """Whether transformers renames or fuses this model's tensors while loading (MoE experts
+    stored per expert, fused into 3-D parameters in memory): file and module names differ."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:
+        return False
+    return bool(get_checkpoint_conversion_mapping(getattr(net.config, "model_type", "")))
+
+
+def _check_sizes(net: torch.nn.Module, files: dict[str, tuple[str, tuple[int, ...], Path]],
+                 path: Path) -> None:
+    """Where names differ between files and modules, the element counts must still agree:
+    a layer or a head missing from the files (random initialisation) changes the total."""
+    import math
+
+    want = sum(p.numel() for p in net.parameters())  # tied parameters counted once
+    have = sum(math.prod(shape) for key, (_, shape, _) in files.items()
+               if not key.endswith(RECOMPUTED_SUFFIXES))
+    tied = getattr(net.config, "tie_word_embeddings", False)
+    head = net.get_output_embeddings()
+    if tied and head is not None and have == want + head.weight.numel():
+        have = want  # a tied head stored twice
+    if have != want:
+        raise ModelNotFoundError(
+            f"{path}: the weight files hold {have:,} values but the architecture in config.json "
+            f"has {want:,} parameters; loading would leave some randomly initialised or unused. "
+            "Restore the model's own config.json (e.g. num_hidden_layers, tie_word_embeddings)")
 
 
 def check_packed_tensors(path: Path) -> None:
