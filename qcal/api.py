@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qcal.config import CalibConfig, EvalConfig, QuantScheme
+from qcal.config import CalibConfig, EvalConfig, ModuleSelection, QuantScheme
 from qcal.config import from_dict as config_from_dict
 from qcal.errors import ConfigError
 from qcal.model.hub import parse_hub_id
@@ -76,7 +76,9 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
              selector: str = "random", nsamples: int = 128, seqlen: int = 512, seed: int = 0,
              text_field: str = "text", chat: bool = False, device: str = "auto",
              overwrite: bool = False, progress: bool = False,
-             trust_remote_code: bool = False, **method_options: Any) -> Any:
+             trust_remote_code: bool = False, targets: Sequence[str] = (),
+             ignore: Sequence[str] = (), moe_all_experts: bool = False,
+             **method_options: Any) -> Any:
     """Quantize `model` and write the checkpoint to `output`; returns the quantized model.
 
     `model`: a local folder, a Hub id (`org/name[@revision]`), None (qcal's default
@@ -86,7 +88,9 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
     --chat). `scheme`: a QuantScheme or its fields as a dict (bits,
     group_size = "auto" by default, sym). `method_options`: the method config's other
     fields (e.g. desc_act=True for GPTQ). `format`: the checkpoint format (default
-    compressed-tensors, which bare transformers, lm_eval and vLLM load).
+    compressed-tensors, which bare transformers, lm_eval and vLLM load). `targets` /
+    `ignore` (regexes on full linear names) and `moe_all_experts` are --targets, --ignore
+    and --moe-all-experts.
     """
     from qcal.methods import METHODS
     from qcal.packing.checkpoint import DEFAULT_FORMAT
@@ -114,7 +118,9 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
                              device=device, trust_remote_code=trust_remote_code,
                              format=format or DEFAULT_FORMAT,
                              command=f"qcal.quantize({_describe(model)!r}, method={method!r})",
-                             notes=(note,) if note else ())
+                             notes=(note,) if note else (),
+                             modules=ModuleSelection(tuple(targets), tuple(ignore),
+                                                     moe_all_experts))
         outcome = run_recipe(recipe, policy=OutputPolicy(overwrite=overwrite), progress=progress)
     return load(outcome.output, device="cpu")
 
