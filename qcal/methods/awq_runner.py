@@ -104,7 +104,7 @@ def group_applies(layer: nn.Module, group: ScaleGroup) -> bool:
     except AttributeError:
         raise ConfigError(
             f"the layer has no module {group.prev_op!r} named by the ArchSpec's AWQ scale group; "
-            "register an ArchSpec for this architecture (qcal.model.arch.ARCHS)"
+            "add an override for this model type (qcal.model.resolve.OVERRIDES)"
         ) from None
     width = _prev_width(prev, group.prev_op)
     return all(layer_linear(layer, n).in_features == width for n in group.linears)
