@@ -97,6 +97,7 @@ class ArchCheck:
     float_left: list[str] = dataclasses.field(default_factory=list)
     logit_diff: float = float("nan")
     kl: float = float("nan")
+    format: str = ""
     transformers: str = ""  # "yes" when bare transformers loads it with qcal's logits, else why not
 
 
@@ -104,13 +105,15 @@ def check(model_dir: Path, family: str, variant: str, calib: torch.Tensor, held_
           scheme: QuantScheme, out_dir: Path | None = None) -> ArchCheck:
     """Quantize `model_dir` with `variant`, then run the checks above."""
     method, config = method_config(variant, scheme)
-    row = ArchCheck(family, variant, False)
+    # The default format, except act-order with per-column groups (g_idx), which only the GPTQ
+    # layout stores (compressed-tensors would turn it into static groups).
+    fmt = "gptq" if variant == "gptq-act-order" else "compressed-tensors"
+    row = ArchCheck(family, variant, False, format=fmt)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(out_dir or tmp) / f"{family}-{variant}"
         try:
             quantize_model_dir(model_dir, method, config, out, calib_ids=calib,
-                               opts=RunOptions(progress=False, log=lambda _: None),
-                               fmt="compressed-tensors")
+                               opts=RunOptions(progress=False, log=lambda _: None), fmt=fmt)
         except Exception as err:  # the row records the failure; the caller decides
             row.error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             return row
@@ -125,7 +128,8 @@ def check(model_dir: Path, family: str, variant: str, calib: torch.Tensor, held_
         drift = compare_on_ids(base, quant, held_out.reshape(-1), seqlen=held_out.shape[1],
                                progress=False)
         row.kl = float(drift.kl.mean())
-        row.transformers = transformers_loads(out, held_out[:1], packed)
+        if fmt == "compressed-tensors":
+            row.transformers = transformers_loads(out, held_out[:1], packed)
         row.ok = not row.float_left and row.logit_diff < 1e-3
     return row
 
