@@ -31,6 +31,7 @@ from qcal.methods.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
 from qcal.model.arch import arch_for, get_module
 from qcal.model.loading import load_model
 from qcal.model.sequential import PROGRESS_FILE, read_progress
+from qcal.model.stream import is_streamed
 from qcal.packing.card import model_card
 from qcal.packing.checkpoint import (
     CHECKPOINT_KIND,
@@ -38,6 +39,7 @@ from qcal.packing.checkpoint import (
     is_quantized_checkpoint,
     save_checkpoint,
 )
+from qcal.packing.shards import save_streamed_checkpoint
 
 WORK_KIND = "quantization work state"
 
@@ -137,7 +139,11 @@ def quantize_model_dir(
         raise ConfigError(f"method {method!r} takes a {quant_method.config_cls.__name__}")
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
-    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
+    # With a work directory the float model streams: decoder layers stay on the meta device
+    # until their turn, finished layers go to the work dir, and the checkpoint is assembled
+    # from there shard by shard (qcal.model.stream, qcal.packing.shards).
+    stream = opts.work_dir is not None and opts.packed
+    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code, stream=stream)
     validate_scheme(net, config.scheme)
     if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
         raise ConfigError(
@@ -167,7 +173,12 @@ def quantize_model_dir(
         # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.
         extra[f"artifacts/{AWQ_ARTIFACT}"] = artifact.read_bytes()
     # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
-    if opts.dist.is_main:  # under torchrun every rank holds the same result; one writes it
+    if opts.dist.is_main and is_streamed(net):
+        save_streamed_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
+                                 work_dir=Path(opts.work_dir), source_dir=Path(src),  # type: ignore[arg-type]
+                                 fields=quant_method.checkpoint_fields(config), meta=meta,
+                                 extra_files=extra, fmt=fmt, shard_bytes=opts.shard_bytes)
+    elif opts.dist.is_main:  # under torchrun every rank holds the same result; one writes it
         save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
                         fields=quant_method.checkpoint_fields(config), meta=meta, extra_files=extra,
                         fmt=fmt)

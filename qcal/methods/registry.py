@@ -40,6 +40,10 @@ class RunOptions:
     weights_dir: Path | None = None
     # Data-parallel calibration under torchrun (one process: a no-op context).
     dist: DistContext = SINGLE
+    # A streamed run's checkpoint shards (bytes; qcal.packing.shards) and the calibration
+    # activations kept in memory before they spill to work_dir (bytes; None: automatic).
+    shard_bytes: int = 2 * 10**9
+    max_memory: int | None = None
 
 
 RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]

@@ -47,16 +47,20 @@ def _zero_storage_format(model: nn.Module) -> str:
     return "gptq"
 
 
-def _state_for_disk(model: nn.Module, fmt: str) -> dict[str, torch.Tensor]:
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+def _state_for_disk(model: nn.Module, fmt: str, prefix: str = "",
+                    tied: bool | None = None) -> dict[str, torch.Tensor]:
+    """`model`'s tensors as the GPTQ layout stores them, named `prefix + name`."""
+    state = {prefix + k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     for name in quant_modules(model):  # the GPTQ layout's scales are fp16 (exact for qcal's)
-        state[f"{name}.scales"] = state[f"{name}.scales"].to(torch.float16)
+        state[f"{prefix}{name}.scales"] = state[f"{prefix}{name}.scales"].to(torch.float16)
     if fmt == "gptq":
         for name, layer in quant_modules(model).items():
-            stored = unpack_cols(state[f"{name}.qzeros"], layer.bits) - 1
-            state[f"{name}.qzeros"] = pack_cols(stored, layer.bits)
+            stored = unpack_cols(state[f"{prefix}{name}.qzeros"], layer.bits) - 1
+            state[f"{prefix}{name}.qzeros"] = pack_cols(stored, layer.bits)
     # Tied embeddings share storage; safetensors refuses aliases, and loaders re-tie.
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+    if tied is None:
+        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    if tied:
         state.pop("lm_head.weight", None)
     return state
 
@@ -107,45 +111,70 @@ def save_checkpoint(
 
     def fill(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        config = model.config.to_dict()
-        config["quantization_config"] = qcfg
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        if fmt in ("gptq", "gptq_v2"):
-            (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-        for name, content in (extra_files or {}).items():
-            data = content.encode("utf-8") if isinstance(content, str) else content
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_bytes(data)
+        write_side_files(tmp, model, qcfg, fmt, tokenizer, extra_files)
 
     write_dir_atomically(Path(out_dir), fill, CHECKPOINT_KIND)
     return Path(out_dir)
 
 
+def write_side_files(tmp: Path, model: nn.Module, qcfg: dict[str, Any], fmt: str,
+                     tokenizer: Any, extra_files: dict[str, str | bytes] | None) -> None:
+    """config.json (with quantization_config), quantize_config.json, tokenizer, extras."""
+    config = model.config.to_dict()
+    config["quantization_config"] = qcfg
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    if fmt in ("gptq", "gptq_v2"):
+        (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    for name, content in (extra_files or {}).items():
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_bytes(data)
+
+
 def _other_format_state(model: nn.Module, fmt: str, sym: bool, fields: dict[str, Any]
                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """State dict and quantization_config of the compressed-tensors or AWQ GEMM format."""
-    from qcal.packing import formats
-
     layers = quant_modules(model)
     first = next(iter(layers.values()))
     state = _state_for_disk(model, "gptq_v2")
-    dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+    actorder = convert_quant_state(state, model, fmt, sym, model_float_dtype(model))
+    return state, other_format_config(model, fmt, first, sym, actorder, fields)
+
+
+def model_float_dtype(model: nn.Module) -> torch.dtype:
+    return next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+
+
+def convert_quant_state(state: dict[str, torch.Tensor], module: nn.Module, fmt: str, sym: bool,
+                        dtype: torch.dtype, prefix: str = "") -> bool:
+    """Rewrite `module`'s GPTQ-layout (v2) entries of `state` in format `fmt`, in place;
+    returns whether any linear's groups are reordered (act-order)."""
+    from qcal.packing import formats
+
     actorder = False
-    for name, layer in layers.items():
+    for name, layer in quant_modules(module).items():
+        full = prefix + name
         for suffix in QUANT_SUFFIXES:
-            state.pop(f"{name}.{suffix}")
+            state.pop(f"{full}.{suffix}")
         codes = formats.codes_of(layer)
         actorder = actorder or not codes.contiguous_groups
-        new = (formats.ct_tensors(name, codes, dtype, sym) if fmt == "compressed-tensors"
-               else formats.awq_tensors(name, codes))
+        new = (formats.ct_tensors(full, codes, dtype, sym) if fmt == "compressed-tensors"
+               else formats.awq_tensors(full, codes))
         state.update({k: v.contiguous() for k, v in new.items()})
+    return actorder
+
+
+def other_format_config(model: nn.Module, fmt: str, first: QuantLinear, sym: bool,
+                        actorder: bool, fields: dict[str, Any]) -> dict[str, Any]:
+    from qcal.packing import formats
+
     if fmt == "awq":
-        return state, formats.awq_config(first.bits, first.group_size)
+        return formats.awq_config(first.bits, first.group_size)
     ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return state, formats.ct_config(first.bits, first.group_size, sym,
-                                    actorder or bool(fields.get("desc_act")), ignore)
+    return formats.ct_config(first.bits, first.group_size, sym,
+                             actorder or bool(fields.get("desc_act")), ignore)
 
 
 def is_legacy_qcal_checkpoint(path: Path) -> bool:
