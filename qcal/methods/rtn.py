@@ -28,10 +28,9 @@ from qcal.quant.base import rtn_quantize
 def _quantize_linear(module: nn.Module, name: str, full_name: str, cfg: RTNConfig,
                      packed: bool) -> float:
     weight = get_module(module, name).weight.detach()
-    result = rtn_quantize(weight, cfg.scheme, name=full_name)
-    loss = float((result.dequantize() - weight.float()).pow(2).sum())
+    result = rtn_quantize(weight, cfg.scheme, name=full_name, with_loss=True)
     apply_result(module, name, result, packed)
-    return loss
+    return float(result.loss)  # type: ignore[arg-type]
 
 
 def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,

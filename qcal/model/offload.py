@@ -72,7 +72,6 @@ class DiskWeights:
                 for name in group:
                     ref = own[name]
                     t = handle.get_tensor(prefix + name)
-                    check_finite(t, prefix + name, f)
                     dtype = t.dtype if name in keep_stored else ref.dtype
                     device = "cpu" if ref.is_meta else ref.device
                     # A copy on the same dtype/device: a view of the mapping would keep it resident.
@@ -85,8 +84,9 @@ class DiskWeights:
 
 
 def check_finite(t: torch.Tensor, name: str, path: Path) -> None:
-    """A NaN/Inf float weight is an error naming it. One reduction first (a finite sum means
-    every element is finite); the exact element test only when the sum is not finite."""
+    """A NaN/Inf float weight is an error naming it (for check_weight_files). One reduction
+    first (a finite sum means every element is finite); the exact element test only when
+    the sum is not finite."""
     if not t.is_floating_point() or t.numel() == 0:
         return
     if bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all()):
