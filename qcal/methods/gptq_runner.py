@@ -235,7 +235,7 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
             fingerprint=fingerprint(model, cfg, calib, opts.packed) + f"-x{dist.world}",
             store_dtype=None if store == model_dtype else store,
             weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
-            dist=dist,
+            dist=dist, max_memory=opts.max_memory,  # issue 36: activation budget
         )
     return {f"{arch.layers_path}.{index}.{name}": loss
             for index, per_layer in logs.items() for name, loss in per_layer.items()}

@@ -32,9 +32,11 @@ from qcal.model.offload import DiskWeights, return_freed_memory
 from qcal.model.replay import release_replay
 from qcal.model.stream import (
     ResumeStateError,
+    activation_budget,
     free_layer,
     layer_file,
     read_layer_state,
+    spill_to_disk,
     write_layer_state,
 )
 from qcal.packing.qlinear import QuantLinear
@@ -164,7 +166,7 @@ def sequential_quantize(
     device: str = "cpu", batch_size: int = 8, progress: bool = True, desc: str = "layers",
     work_dir: Path | None = None, resume: bool = False, fingerprint: str = "",
     store_dtype: torch.dtype | None = None, weights: DiskWeights | None = None,
-    dist: DistContext = SINGLE,
+    dist: DistContext = SINGLE, max_memory: int | None = None,
 ) -> dict[str, Any]:
     """Run `quantize_layer(index, layer, inputs)` over all decoder layers; returns its logs.
 
@@ -173,6 +175,8 @@ def sequential_quantize(
     a freshly loaded model came from) re-reads each layer's float weights right before
     it is quantized, so the memory-mapped float model never becomes resident. The
     process's allocator is tuned to hand freed layers back (see `return_freed_memory`).
+    Calibration activations above `max_memory` bytes (None: a share of the available RAM)
+    live in memory-mapped files in `work_dir` instead of RAM (qcal.model.stream).
     """
     layers = decoder_layers(model, arch)
     logs: dict[str, Any] = {}
@@ -189,6 +193,10 @@ def sequential_quantize(
             raise ResumeStateError(f"resume state in {work_dir} does not match the calibration "
                                    "batches; start over: run without --resume, with --overwrite")
         inputs = dataclasses.replace(inputs, hidden=hidden)
+    held = sum(h.numel() * h.element_size() for h in inputs.hidden)
+    if work_dir is not None and held > activation_budget(max_memory):
+        spill_dir = work_dir / (f"spill.rank{dist.rank}" if dist.active else "spill")
+        inputs = dataclasses.replace(inputs, hidden=spill_to_disk(inputs.hidden, spill_dir))
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
         # A skeleton's layer (qcal.model.stream) is read from disk now and freed when done.

@@ -13,6 +13,7 @@ The finished checkpoint is assembled from those per-layer files, shard by shard
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,25 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch import nn
 
-from qcal.errors import CheckpointError, ModelNotFoundError
+from qcal.errors import CheckpointError, ConfigError, ModelNotFoundError
 from qcal.fsio import atomic_write_bytes
 from qcal.model.arch import ArchSpec, set_module
 from qcal.model.offload import DiskWeights
 from qcal.packing.qlinear import QuantLinear
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str | int, option: str = "size") -> int:
+    """'2GB', '500MiB', '1.5GB' or a plain byte count as bytes; one clear error otherwise."""
+
+
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(f"{option} {text!r} is not a size; give e.g. 500MB, 2GB or 4GiB")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def layer_file(work_dir: Path, index: int) -> Path:
@@ -123,3 +138,33 @@ def read_layer_state(layer: nn.Module, path: Path) -> None:
         ) from None
 
 
+
+
+def activation_budget(max_memory: int | None) -> int:
+    """Bytes of calibration activations to keep in RAM: `max_memory`, or a quarter of the
+    RAM available now (the rest is for the layer, its Hessians and the OS page cache)."""
+    if max_memory is not None:
+        return int(max_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().available // 4)
+
+
+def spill_to_disk(hidden: list[torch.Tensor], directory: Path) -> list[torch.Tensor]:
+    """The same tensors, each now backed by a safetensors file in `directory` through a
+    writable memory map: the OS pages them in and out, so RAM no longer bounds the
+    calibration set, and in-place updates (run_layer's `copy_`) write through to the file."""
+    import numpy as np
+
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, h in enumerate(hidden):
+        path = directory / f"spill.b{i:04d}.safetensors"
+        path.write_bytes(save({"hidden": h.detach().contiguous().cpu()}))
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            start, end = json.loads(f.read(header_len))["hidden"]["data_offsets"]
+        raw = np.memmap(path, dtype=np.uint8, mode="r+", offset=8 + header_len + start,
+                        shape=(end - start,))
+        out.append(torch.from_numpy(raw).view(h.dtype).view(h.shape))
+    return out
