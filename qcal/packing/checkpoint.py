@@ -256,8 +256,13 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     torch_dtype = dtype or getattr(config, "dtype", None) or torch.float32
     if isinstance(torch_dtype, str):
         torch_dtype = getattr(torch, torch_dtype)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
-                                             trust_remote_code=trust_remote_code)
+    from accelerate import init_empty_weights
+
+    # Parameters on meta: the float linears that QuantLinear replaces are never allocated
+    # (for an 8B model a float copy would be 32 GB); every tensor is assigned from the file.
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
+                                                 trust_remote_code=trust_remote_code)
 
     quant_names = sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".qweight")})
     for name in quant_names:
@@ -328,6 +333,7 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         raise CheckpointError(f"checkpoint {path} has unexpected tensors: {unexpected[:5]}")
-    for key, ref in expected.items():
-        if key in state:
-            ref.copy_(state[key].to(ref.dtype) if ref.is_floating_point() else state[key])
+    # assign: the skeleton's parameters are meta; float tensors take the model's dtype.
+    model.load_state_dict({key: state[key].to(ref.dtype) if ref.is_floating_point() else state[key]
+                           for key, ref in expected.items() if key in state},
+                          strict=False, assign=True)
