@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""Models bigger than memory: peak RSS, wall time, s/layer and disk written of `qcal quantize`
+(RTN, GPTQ, AWQ) and `qcal eval` on random Llama-shaped bf16 models (issue 36).
+
+Every step runs as a subprocess under `/usr/bin/time -v` (wall clock, peak resident set,
+file-system output blocks), one after the other; the load average is read before and
+after each step (the machine may be shared: compare only ratios measured in one run).
+Random weights (scripts/make_random_model.py) measure memory and time, never quality.
+Each finished step is kept in runs/bench_big_model/state.json, so a rerun skips it;
+results/big_model.{json,md} are rewritten from that state after every step.
+
+    python scripts/bench_big_model.py --shape 1b --steps rtn,gptq,eval
+    python scripts/bench_big_model.py --shape 8b --steps rtn
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE_DIR = ROOT / "runs" / "bench_big_model"
+PY = sys.executable
+GPTQ_ARGS = ["--nsamples", "16", "--seqlen", "512"]
+STEPS = ("rtn", "gptq", "awq", "eval")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / ".kpath"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def model_dir(shape: str) -> Path:
+    return ROOT / "runs" / f"random-{shape}"
+
+
+def ensure_model(shape: str) -> Path:
+    path = model_dir(shape)
+    if not (path / "config.json").is_file():
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run([PY, str(ROOT / "scripts" / "make_random_model.py"), "--shape", shape,
+                        "-o", str(path)], check=True, env=_env(), cwd=ROOT)
+    return path
+
+
+def step_command(shape: str, step: str) -> tuple[list[str], Path]:
+    src = model_dir(shape)
+    out = STATE_DIR / f"{shape}-{step}"
+    qcal = [PY, "-m", "qcal"]
+    if step == "eval":
+        return qcal + ["eval", "--model", str(STATE_DIR / f"{shape}-gptq"), "--ppl",
+                       "--max-windows", "1", "--device", "cpu", "-o", str(out)], out
+    extra = GPTQ_ARGS if step in ("gptq", "awq") else []
+    return qcal + ["quantize", "--model", str(src), "--method", step, "--group-size", "128",
+                   "--device", "cpu", *extra, "-o", str(out), "--overwrite"], out
+
+
+def _time_field(text: str, label: str) -> str | None:
+    match = re.search(rf"{re.escape(label)}: (.+)", text)
+    return match.group(1).strip() if match else None
+
+
+def _wall_seconds(value: str) -> float:
+    parts = [float(p) for p in value.split(":")]
+    return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def run_step(shape: str, step: str) -> dict[str, Any]:
+    cmd, out = step_command(shape, step)
+    load_before = os.getloadavg()
+    started = time.time()
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
+                          env=_env(), cwd=ROOT)
+    log = STATE_DIR / f"{shape}-{step}.log"
+    log.write_text(proc.stdout + "\n" + proc.stderr)
+    row: dict[str, Any] = {
+        "shape": shape, "step": step, "exit": proc.returncode,
+        "command": " ".join(["qcal", *cmd[3:]]).replace(str(ROOT) + "/", ""),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+        "load_before": round(load_before[0], 2), "load_after": round(os.getloadavg()[0], 2),
+        "wall_s": _wall_seconds(_time_field(proc.stderr, "Elapsed (wall clock) time (h:mm:ss or m:ss)")
+                                or "0"),
+        "peak_rss_gib": round(int(_time_field(proc.stderr, "Maximum resident set size (kbytes)")
+                                  or 0) / 2**20, 2),
+        "cpu_percent": _time_field(proc.stderr, "Percent of CPU this job got"),
+        "disk_written_gb": round(int(_time_field(proc.stderr, "File system outputs") or 0)
+                                 * 512 / 1e9, 2),
+        "output_gb": round(dir_bytes(out) / 1e9, 2),
+    }
+    qlog = out / "quant_log.json"
+    if qlog.is_file():
+        seconds = float(json.loads(qlog.read_text())["quantize_seconds"])
+        layers = json.loads((model_dir(shape) / "config.json").read_text())["num_hidden_layers"]
+        row["quantize_s"] = seconds
+        row["s_per_layer"] = round(seconds / layers, 2)
+    if step == "eval" and proc.returncode == 0:
+        ppl = re.findall(r'"ppl":\s*([0-9.eE+-]+|NaN|Infinity)', proc.stdout)
+        row["ppl"] = ppl[0] if ppl else None
+    return row
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "# Models bigger than memory (issue 36)",
+        "",
+        "Random Llama-shaped bf16 models from `scripts/make_random_model.py` (memory and time "
+        "only, never quality), quantized and evaluated on the CPU by "
+        "`python scripts/bench_big_model.py` (one run per row, under `/usr/bin/time -v`).",
+        "Machine: 2 CPU cores, 24 GiB RAM, no swap, shared with other jobs: the load "
+        "average before and after each step is recorded; wall times under load are upper bounds.",
+        "Disk written is the process's file-system output (512-byte blocks), work-dir "
+        "state and the assembled checkpoint included.",
+        "",
+        "| shape | step | exit | wall s | quantize s | s/layer | peak RSS GiB | CPU | disk "
+        "written GB | output GB | load avg before/after | started (UTC) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['shape']} | {r['step']} | {r['exit']} | {r['wall_s']:.0f} | "
+            f"{r.get('quantize_s', '-')} | {r.get('s_per_layer', '-')} | {r['peak_rss_gib']} | "
+            f"{r['cpu_percent']} | {r['disk_written_gb']} | {r['output_gb']} | "
+            f"{r['load_before']}/{r['load_after']} | {r['started']} |")
+    lines += ["", "Commands (paths relative to the checkout):", ""]
+    lines += [f"- {r['shape']} {r['step']}: `{r['command']}`" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=("tiny", "1b", "8b"), required=True)
+    ap.add_argument("--steps", default="rtn,gptq,eval", help=f"comma-separated, of {STEPS}")
+    ap.add_argument("--fresh", action="store_true", help="re-run steps already in the state")
+    args = ap.parse_args(argv)
+    steps = [s for s in args.steps.split(",") if s]
+    if any(s not in STEPS for s in steps):
+        print(f"--steps takes {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    state_file = STATE_DIR / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    ensure_model(args.shape)
+    for step in steps:
+        key = f"{args.shape}/{step}"
+        if key in state and not args.fresh and state[key]["exit"] == 0:
+            continue
+        print(f"running {key} ...", flush=True)
+        state[key] = run_step(args.shape, step)
+        print(json.dumps(state[key]), flush=True)
+        state_file.write_text(json.dumps(state, indent=2))
+        rows = [state[k] for k in sorted(state, key=lambda k: (k.split("/")[0] != "1b",
+                                                                STEPS.index(k.split("/")[1])))]
+        results = ROOT / "results"
+        (results / "big_model.json").write_text(json.dumps(rows, indent=2))
+        (results / "big_model.md").write_text(render(rows))
+    return 0 if all(state[f"{args.shape}/{s}"]["exit"] == 0 for s in steps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
