@@ -8,9 +8,11 @@ Backends:
   (see kernels/cpu.py for the accuracy implication), so float32 inputs stay on the exact
   reference unless ``QCAL_KERNEL=cpu`` asks for the op: a float32 model (what `qcal eval`
   loads) keeps float32 accuracy, and a checkpoint loaded in bfloat16 runs on the int4 op.
-- ``reference``: dequantize once (cached per dtype and device), then `F.linear`: exact
-  float math, and the fallback for everything else: other devices, 2/8-bit codes, layouts
-  the fast paths cannot serve, and inputs that need gradients (the kernels have no backward).
+- ``reference``: dequantize once (cached per dtype and device, unless the layer says
+  ``cache_dequantized = False``), then `F.linear`: exact float math, the CPU path for
+  many tokens (more than ``CPU_INT4_MAX_TOKENS`` rows, where dequantize-then-GEMM beats
+  the int4 op), and the fallback for everything else: other devices, 2/8-bit codes,
+  layouts the fast paths cannot serve, and inputs that need gradients.
 
 ``QCAL_KERNEL=reference|cpu|triton`` forces one backend. A forced backend that cannot serve
 a layer raises `KernelUnsupportedError` (naming why) instead of falling back; the automatic
@@ -50,6 +52,10 @@ class QuantLinear(Protocol):
 BACKENDS = ("reference", "cpu", "triton")
 # Activation dtypes for which the automatic choice on CPU is the (bf16-computing) int4 op.
 CPU_AUTO_DTYPES = (torch.bfloat16, torch.float16)
+# Above this many tokens (rows of x) the int4 op loses to dequantize-then-GEMM on the CPU:
+# the op's cost grows with M like a GEMM without the BLAS blocking, while dequantizing costs
+# the same for any M (results/kernels.md, "CPU per shape").
+CPU_INT4_MAX_TOKENS = 16
 ENV_VAR = "QCAL_KERNEL"
 _log = logging.getLogger(__name__)
 
@@ -119,6 +125,9 @@ def select_backend(layer: QuantLinear, x: torch.Tensor) -> str:
                 "no backward); run under torch.no_grad() or set QCAL_KERNEL=reference"
             )
         return "reference"
+    tokens = x.numel() // max(1, x.shape[-1])
+    if forced is None and x.device.type == "cpu" and tokens > CPU_INT4_MAX_TOKENS:
+        return "reference"  # many tokens: dequantize-then-GEMM in x's dtype
     if forced == "cpu" or (forced is None and x.device.type == "cpu" and x.dtype in CPU_AUTO_DTYPES):
         plan = _cpu_plan(layer)
         if not isinstance(plan, str):
@@ -159,7 +168,15 @@ def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
         w = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits, x.dtype)
         return w.T.contiguous()
 
-    w = _cached(layer, f"ref:{x.dtype}:{x.device}", build)
+    # A model bigger than memory sets cache_dequantized=False (qcal's load_checkpoint): the
+    # float weights of every layer together would be the float model again.
+    key = f"ref:{x.dtype}:{x.device}"
+    hit = layer._kernel_cache.get(key)
+    if not getattr(layer, "cache_dequantized", True) and (hit is None
+                                                          or hit[0] != _weights_version(layer)):
+        w = build()
+    else:
+        w = _cached(layer, key, build)
     bias = None if layer.bias is None else layer.bias.to(x.dtype)
     return torch.nn.functional.linear(x, w, bias)
 

@@ -290,7 +290,20 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         raise CheckpointError(f"unsupported checkpoint_format {fmt!r} in {path}/config.json")
     model.tie_weights()
     model.eval()
+    _bound_kernel_caches(model)
     return model
+
+
+def _bound_kernel_caches(model: nn.Module, share: float = 0.25) -> None:
+    """No per-layer dequantized-weight cache when those caches (float32 worst case) would
+    take more than `share` of the RAM available: a big model then dequantizes per call."""
+    import psutil
+
+    layers = quant_modules(model).values()
+    floats = sum(4 * m.in_features * m.out_features for m in layers)
+    if floats > share * psutil.virtual_memory().available:
+        for m in layers:
+            m.cache_dequantized = False
 
 
 def _as_gptq_state(state: dict[str, torch.Tensor], method: str, bits: int,

@@ -44,6 +44,9 @@ class QuantLinear(nn.Module):
             self.bias = None
         # Backend-specific repacked weights (e.g. torch's CPU int4 layout), built lazily.
         self._kernel_cache: dict[str, object] = {}
+        # Whether the reference path may keep its dequantized float weight between calls
+        # (fast; but over all layers of a big model that is a float copy of it).
+        self.cache_dequantized = True
 
     @classmethod
     def from_result(
