@@ -61,7 +61,7 @@ def step_command(shape: str, step: str) -> tuple[list[str], Path]:
                        "--max-windows", "1", "--device", "cpu", "-o", str(out)], out
     extra = GPTQ_ARGS if step in ("gptq", "awq") else []
     return qcal + ["quantize", "--model", str(src), "--method", step, "--group-size", "128",
-                   "--device", "cpu", *extra, "-o", str(out), "--overwrite"], out
+                   "--device", "cpu", *extra, "-o", str(out), "--overwrite", "--keep-work"], out
 
 
 def _time_field(text: str, label: str) -> str | None:
@@ -78,27 +78,30 @@ def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def run_step(shape: str, step: str) -> dict[str, Any]:
+def run_step(shape: str, step: str, timeout_s: float | None = None) -> dict[str, Any]:
     cmd, out = step_command(shape, step)
     load_before = os.getloadavg()
     started = time.time()
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
-                          env=_env(), cwd=ROOT)
     log = STATE_DIR / f"{shape}-{step}.log"
-    log.write_text(proc.stdout + "\n" + proc.stderr)
+    with log.open("w") as sink:
+        proc = subprocess.Popen(["/usr/bin/time", "-v", *cmd], stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+        timed_out = _wait(proc, started + timeout_s if timeout_s else None)
+    text = log.read_text()
     row: dict[str, Any] = {
-        "shape": shape, "step": step, "exit": proc.returncode,
+        "shape": shape, "step": step, "exit": "stopped (time limit)" if timed_out else proc.returncode,
         "command": " ".join(["qcal", *cmd[3:]]).replace(str(ROOT) + "/", ""),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
         "load_before": round(load_before[0], 2), "load_after": round(os.getloadavg()[0], 2),
-        "wall_s": _wall_seconds(_time_field(proc.stderr, "Elapsed (wall clock) time (h:mm:ss or m:ss)")
+        "wall_s": _wall_seconds(_time_field(text, "Elapsed (wall clock) time (h:mm:ss or m:ss)")
                                 or "0"),
-        "peak_rss_gib": round(int(_time_field(proc.stderr, "Maximum resident set size (kbytes)")
+        "peak_rss_gib": round(int(_time_field(text, "Maximum resident set size (kbytes)")
                                   or 0) / 2**20, 2),
-        "cpu_percent": _time_field(proc.stderr, "Percent of CPU this job got"),
-        "disk_written_gb": round(int(_time_field(proc.stderr, "File system outputs") or 0)
+        "cpu_percent": _time_field(text, "Percent of CPU this job got"),
+        "disk_written_gb": round(int(_time_field(text, "File system outputs") or 0)
                                  * 512 / 1e9, 2),
         "output_gb": round(dir_bytes(out) / 1e9, 2),
+        **_layer_times(Path(str(out) + ".work"), started),
     }
     qlog = out / "quant_log.json"
     if qlog.is_file():
@@ -107,9 +110,42 @@ def run_step(shape: str, step: str) -> dict[str, Any]:
         row["quantize_s"] = seconds
         row["s_per_layer"] = round(seconds / layers, 2)
     if step == "eval" and proc.returncode == 0:
-        ppl = re.findall(r'"ppl":\s*([0-9.eE+-]+|NaN|Infinity)', proc.stdout)
+        ppl = re.findall(r'"ppl":\s*([0-9.eE+-]+|NaN|Infinity)', text)
         row["ppl"] = ppl[0] if ppl else None
     return row
+
+
+def _wait(proc: subprocess.Popen, deadline: float | None) -> bool:
+    """Wait for `proc`; at `deadline` interrupt qcal (SIGINT: it keeps finished layers for
+    --resume) and return True."""
+    import signal
+
+    import psutil
+
+    while proc.poll() is None:
+        if deadline is not None and time.time() > deadline:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            return True
+        time.sleep(2)
+    return False
+
+
+def _layer_times(work: Path, started: float) -> dict[str, Any]:
+    """Layers finished and seconds per layer from the work dir's per-layer files (kept when
+    a run is stopped; --keep-work otherwise)."""
+    stamps = sorted(f.stat().st_mtime for f in work.glob("layer_*.safetensors"))
+    if not stamps:
+        return {}
+    out: dict[str, Any] = {"layers_done": len(stamps),
+                           "first_layer_done_s": round(stamps[0] - started, 1)}
+    if len(stamps) > 1:
+        out["s_per_layer_after_first"] = round((stamps[-1] - stamps[0]) / (len(stamps) - 1), 1)
+    return out
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -124,14 +160,17 @@ def render(rows: list[dict[str, Any]]) -> str:
         "Disk written is the process's file-system output (512-byte blocks), work-dir "
         "state and the assembled checkpoint included.",
         "",
-        "| shape | step | exit | wall s | quantize s | s/layer | peak RSS GiB | CPU | disk "
-        "written GB | output GB | load avg before/after | started (UTC) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | step | exit | wall s | quantize s | s/layer | layers done | first layer s | "
+        "s/layer after first | peak RSS GiB | CPU | disk written GB | output GB | "
+        "load avg before/after | started (UTC) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['shape']} | {r['step']} | {r['exit']} | {r['wall_s']:.0f} | "
-            f"{r.get('quantize_s', '-')} | {r.get('s_per_layer', '-')} | {r['peak_rss_gib']} | "
+            f"{r.get('quantize_s', '-')} | {r.get('s_per_layer', '-')} | {r.get('layers_done', '-')} | "
+            f"{r.get('first_layer_done_s', '-')} | {r.get('s_per_layer_after_first', '-')} | "
+            f"{r['peak_rss_gib']} | "
             f"{r['cpu_percent']} | {r['disk_written_gb']} | {r['output_gb']} | "
             f"{r['load_before']}/{r['load_after']} | {r['started']} |")
     lines += ["", "Commands (paths relative to the checkout):", ""]
@@ -144,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=("tiny", "1b", "8b"), required=True)
     ap.add_argument("--steps", default="rtn,gptq,eval", help=f"comma-separated, of {STEPS}")
     ap.add_argument("--fresh", action="store_true", help="re-run steps already in the state")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="stop a step after this many seconds and record the layers it finished")
     args = ap.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
     if any(s not in STEPS for s in steps):
@@ -158,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in state and not args.fresh and state[key]["exit"] == 0:
             continue
         print(f"running {key} ...", flush=True)
-        state[key] = run_step(args.shape, step)
+        state[key] = run_step(args.shape, step, args.timeout)
         print(json.dumps(state[key]), flush=True)
         state_file.write_text(json.dumps(state, indent=2))
         rows = [state[k] for k in sorted(state, key=lambda k: (k.split("/")[0] != "1b",
