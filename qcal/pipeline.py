@@ -143,7 +143,8 @@ def quantize_model_dir(
     # until their turn, finished layers go to the work dir, and the checkpoint is assembled
     # from there shard by shard (qcal.model.stream, qcal.packing.shards).
     stream = opts.work_dir is not None and opts.packed
-    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code, stream=stream)
+    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code, stream=stream,
+                                     prelude=quant_method.needs_calibration)
     validate_scheme(net, config.scheme)
     if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
         raise ConfigError(

@@ -151,13 +151,15 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
 def load_model(
     model: str | Path | None = None, dtype: str | torch.dtype | None = None,
     trust_remote_code: bool = False, check: bool = True, stream: bool = False,
+    prelude: bool = True,
 ) -> tuple[nn.Module, Any, Path]:
     """(model in eval mode, tokenizer, directory). Quantized checkpoints load as QuantLinear.
 
     `check` reads every weight file once first (truncation, NaN/Inf) so a bad file gives
     one clear error instead of a traceback or a silently wrong result. `stream` (float
     models only) returns a skeleton whose decoder layers stay on the meta device, to be
-    read from the files one at a time (qcal.model.stream)."""
+    read from the files one at a time (qcal.model.stream); `prelude=False` leaves the
+    embeddings on meta too (for methods that run no forward pass)."""
     from transformers import AutoModelForCausalLM
 
     from qcal.packing.checkpoint import is_quantized_checkpoint, load_checkpoint
@@ -171,7 +173,8 @@ def load_model(
     elif stream:
         from qcal.model.stream import build_skeleton
 
-        net = build_skeleton(path, torch_dtype or torch.float32, trust_remote_code)
+        net = build_skeleton(path, torch_dtype or torch.float32, trust_remote_code,
+                             with_prelude=prelude)
     else:
         try:
             net = AutoModelForCausalLM.from_pretrained(

@@ -54,10 +54,11 @@ def is_streamed(model: nn.Module) -> bool:
 
 
 def build_skeleton(path: Path, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
-                   with_head: bool = False) -> nn.Module:
+                   with_head: bool = False, with_prelude: bool = True) -> nn.Module:
     """The model of `path` with decoder layers on meta and everything else read in `dtype`.
 
-    `with_head=False` leaves an untied LM head on meta too: quantization never runs it."""
+    `with_head=False` leaves an untied LM head on meta too: quantization never runs it;
+    `with_prelude=False` leaves everything outside the layers on meta (RTN runs nothing)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -79,7 +80,7 @@ def build_skeleton(path: Path, dtype: torch.dtype = torch.float32, trust_remote_
     weights = DiskWeights(path)
     skip = () if with_head else ("lm_head.",)
     names = [n for n in outside_layer_names(model, arch)
-             if not n.startswith(skip) and n in weights.files]
+             if with_prelude and not n.startswith(skip) and n in weights.files]
     weights.load_named(model, names)
     model.tie_weights()
     return model
