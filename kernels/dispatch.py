@@ -10,8 +10,8 @@ Backends:
   loads) keeps float32 accuracy, and a checkpoint loaded in bfloat16 runs on the int4 op.
 - ``reference``: dequantize once (cached per dtype and device, unless the layer says
   ``cache_dequantized = False``), then `F.linear`: exact float math, the CPU path for
-  many tokens (more than ``CPU_INT4_MAX_TOKENS`` rows, where dequantize-then-GEMM beats
-  the int4 op), and the fallback for everything else: other devices, 2/8-bit codes,
+  many tokens (more than ``CPU_INT4_MAX_TOKENS`` rows, where dequantize-then-GEMM in
+  float32 beats the int4 op), and the fallback for everything else: other devices, 2/8-bit codes,
   layouts the fast paths cannot serve, and inputs that need gradients.
 
 ``QCAL_KERNEL=reference|cpu|triton`` forces one backend. A forced backend that cannot serve
@@ -55,7 +55,11 @@ CPU_AUTO_DTYPES = (torch.bfloat16, torch.float16)
 # Above this many tokens (rows of x) the int4 op loses to dequantize-then-GEMM on the CPU:
 # the op's cost grows with M like a GEMM without the BLAS blocking, while dequantizing costs
 # the same for any M (results/kernels.md, "CPU per shape").
-CPU_INT4_MAX_TOKENS = 16
+CPU_INT4_MAX_TOKENS = 32
+# Dequantize-then-GEMM on the CPU runs in float32 (x upcast, output cast back): every CPU
+# has a fast float32 GEMM, while bf16/fp16 GEMMs are emulated (10x slower than float32)
+# on CPUs without native bf16 (e.g. AVX2-only), and float32 is the more exact of the two.
+CPU_GEMM_DTYPE = torch.float32
 ENV_VAR = "QCAL_KERNEL"
 _log = logging.getLogger(__name__)
 
@@ -164,6 +168,10 @@ def prime_reference(layer: QuantLinear, weight: torch.Tensor) -> None:
 
 
 def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    out_dtype = x.dtype
+    if x.device.type == "cpu" and x.dtype in CPU_AUTO_DTYPES:
+        x = x.to(CPU_GEMM_DTYPE)
+
     def build() -> torch.Tensor:
         w = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits, x.dtype)
         return w.T.contiguous()
@@ -178,7 +186,7 @@ def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     else:
         w = _cached(layer, key, build)
     bias = None if layer.bias is None else layer.bias.to(x.dtype)
-    return torch.nn.functional.linear(x, w, bias)
+    return torch.nn.functional.linear(x, w, bias).to(out_dtype)
 
 
 def _triton(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
