@@ -52,12 +52,12 @@ def ensure_model(shape: str) -> Path:
     return path
 
 
-def step_command(shape: str, step: str) -> tuple[list[str], Path]:
+def step_command(shape: str, step: str, eval_of: str = "gptq") -> tuple[list[str], Path]:
     src = model_dir(shape)
     out = STATE_DIR / f"{shape}-{step}"
     qcal = [PY, "-m", "qcal"]
     if step == "eval":
-        return qcal + ["eval", "--model", str(STATE_DIR / f"{shape}-gptq"), "--ppl",
+        return qcal + ["eval", "--model", str(STATE_DIR / f"{shape}-{eval_of}"), "--ppl",
                        "--max-windows", "1", "--device", "cpu", "-o", str(out)], out
     extra = GPTQ_ARGS if step in ("gptq", "awq") else []
     return qcal + ["quantize", "--model", str(src), "--method", step, "--group-size", "128",
@@ -78,8 +78,9 @@ def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def run_step(shape: str, step: str, timeout_s: float | None = None) -> dict[str, Any]:
-    cmd, out = step_command(shape, step)
+def run_step(shape: str, step: str, timeout_s: float | None = None,
+             eval_of: str = "gptq") -> dict[str, Any]:
+    cmd, out = step_command(shape, step, eval_of)
     load_before = os.getloadavg()
     started = time.time()
     log = STATE_DIR / f"{shape}-{step}.log"
@@ -183,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=("tiny", "1b", "8b"), required=True)
     ap.add_argument("--steps", default="rtn,gptq,eval", help=f"comma-separated, of {STEPS}")
     ap.add_argument("--fresh", action="store_true", help="re-run steps already in the state")
+    ap.add_argument("--eval-of", choices=("rtn", "gptq", "awq"), default="gptq",
+                    help="which of this shape's checkpoints the eval step scores")
     ap.add_argument("--timeout", type=float, default=None,
                     help="stop a step after this many seconds and record the layers it finished")
     args = ap.parse_args(argv)
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in state and not args.fresh and state[key]["exit"] == 0:
             continue
         print(f"running {key} ...", flush=True)
-        state[key] = run_step(args.shape, step, args.timeout)
+        state[key] = run_step(args.shape, step, args.timeout, args.eval_of)
         print(json.dumps(state[key]), flush=True)
         state_file.write_text(json.dumps(state, indent=2))
         rows = [state[k] for k in sorted(state, key=lambda k: (k.split("/")[0] != "1b",
