@@ -6,7 +6,8 @@ Every step runs as a subprocess under `/usr/bin/time -v` (wall clock, peak resid
 file-system output blocks), one after the other; the load average is read before and
 after each step (the machine may be shared: compare only ratios measured in one run).
 Random weights (scripts/make_random_model.py) measure memory and time, never quality.
-Each finished step is kept in runs/bench_big_model/state.json, so a rerun skips it;
+Each finished step is kept in runs/bench_big_model/state-<shape>-<step>.json, so a rerun
+skips it;
 results/big_model.{json,md} are rewritten from that state after every step.
 
     python scripts/bench_big_model.py --shape 1b --steps rtn,gptq,eval
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=("tiny", "1b", "8b"), required=True)
     ap.add_argument("--steps", default="rtn,gptq,eval", help=f"comma-separated, of {STEPS}")
     ap.add_argument("--fresh", action="store_true", help="re-run steps already in the state")
+    ap.add_argument("--render-only", action="store_true", help="rewrite results from the state")
     ap.add_argument("--eval-of", choices=("rtn", "gptq", "awq"), default="gptq",
                     help="which of this shape's checkpoints the eval step scores")
     ap.add_argument("--timeout", type=float, default=None,
@@ -194,23 +196,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--steps takes {', '.join(STEPS)}", file=sys.stderr)
         return 2
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    state_file = STATE_DIR / "state.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    if args.render_only:
+        write_results(load_state())
+        return 0
     ensure_model(args.shape)
     for step in steps:
         key = f"{args.shape}/{step}"
+        state = load_state()
         if key in state and not args.fresh and state[key]["exit"] == 0:
             continue
         print(f"running {key} ...", flush=True)
-        state[key] = run_step(args.shape, step, args.timeout, args.eval_of)
-        print(json.dumps(state[key]), flush=True)
-        state_file.write_text(json.dumps(state, indent=2))
-        rows = [state[k] for k in sorted(state, key=lambda k: (k.split("/")[0] != "1b",
-                                                                STEPS.index(k.split("/")[1])))]
-        results = ROOT / "results"
-        (results / "big_model.json").write_text(json.dumps(rows, indent=2))
-        (results / "big_model.md").write_text(render(rows))
+        row = run_step(args.shape, step, args.timeout, args.eval_of)
+        print(json.dumps(row), flush=True)
+        # One file per step: runs of different shapes may go on side by side.
+        (STATE_DIR / f"state-{args.shape}-{step}.json").write_text(json.dumps(row, indent=2))
+        write_results(load_state())
+    state = load_state()
     return 0 if all(state[f"{args.shape}/{s}"]["exit"] == 0 for s in steps) else 1
+
+
+def load_state() -> dict[str, dict[str, Any]]:
+    rows = [json.loads(f.read_text()) for f in sorted(STATE_DIR.glob("state-*-*.json"))]
+    return {f"{r['shape']}/{r['step']}": r for r in rows}
+
+
+def write_results(state: dict[str, dict[str, Any]]) -> None:
+    order = ("tiny", "1b", "8b")
+    rows = [state[k] for k in sorted(state, key=lambda k: (order.index(k.split("/")[0]),
+                                                           STEPS.index(k.split("/")[1])))]
+    results = ROOT / "results"
+    (results / "big_model.json").write_text(json.dumps(rows, indent=2))
+    (results / "big_model.md").write_text(render(rows))
 
 
 if __name__ == "__main__":
