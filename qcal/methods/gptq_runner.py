@@ -154,6 +154,9 @@ def quantize_layer_gptq(
                 part.loss = hessian_loss(float_weight, dense, sink.hessian(name).float())
                 losses[name] = part.loss
                 start += rows
+            # issue 36: this Hessian (in_features^2 floats) is done; free it before the next.
+            sink.hessians.pop(sink.alias.get(names[0], names[0]), None)
+            del stacked, result
         del sink
     return losses
 
