@@ -94,6 +94,8 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         "shape": shape, "step": step, "exit": "stopped (time limit)" if timed_out else proc.returncode,
         "command": " ".join(["qcal", *cmd[3:]]).replace(str(ROOT) + "/", ""),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, cwd=ROOT).stdout.strip(),
         "load_before": round(load_before[0], 2), "load_after": round(os.getloadavg()[0], 2),
         "wall_s": _wall_seconds(_time_field(text, "Elapsed (wall clock) time (h:mm:ss or m:ss)")
                                 or "0"),
@@ -176,8 +178,28 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{r['cpu_percent']} | {r['disk_written_gb']} | {r['output_gb']} | "
             f"{r['load_before']}/{r['load_after']} | {r['started']} |")
     lines += ["", "Commands (paths relative to the checkout):", ""]
-    lines += [f"- {r['shape']} {r['step']}: `{r['command']}`" for r in rows]
+    lines += [f"- {r['shape']} {r['step']}: `{r['command']}` (git commit {r.get('commit', '?')})"
+              for r in rows]
+    done = {(r["shape"], r["step"]) for r in rows if r["exit"] == 0}
+    stopped = [f"{r['shape']} {r['step']} ({r.get('layers_done', 0)} layers done)"
+               for r in rows if r["exit"] != 0]
+    missing = [f"{shape} {step}" for shape, step in PLANNED if (shape, step) not in done
+               and not any(x.startswith(f"{shape} {step} ") for x in stopped)]
+    lines += ["", "Columns: `quantize s` is the quantize step's own time (quant_log.json); "
+              "`layers done`, `first layer s` (from the start of the process: loading and "
+              "calibration included) and `s/layer after first` come from the per-layer files "
+              "in `<output>.work`, so they exist for a step stopped at its time limit too."]
+    if stopped:
+        lines += ["", "Stopped at the time limit (`--timeout`) before all layers: "
+                  + "; ".join(stopped) + ". Its peak RSS is the peak up to the stop."]
+    if missing:
+        lines += ["", "Not measured yet (issue 36's plan): " + ", ".join(missing)
+                  + "; nor GPTQModel on the same files."]
     return "\n".join(lines) + "\n"
+
+
+PLANNED = (("1b", "rtn"), ("1b", "gptq"), ("1b", "awq"), ("1b", "eval"),
+           ("8b", "rtn"), ("8b", "gptq"), ("8b", "eval"))
 
 
 def main(argv: list[str] | None = None) -> int:
