@@ -54,8 +54,9 @@ BACKENDS = ("reference", "cpu", "triton")
 CPU_AUTO_DTYPES = (torch.bfloat16, torch.float16)
 # Above this many tokens (rows of x) the int4 op loses to dequantize-then-GEMM on the CPU:
 # the op's cost grows with M like a GEMM without the BLAS blocking, while dequantizing costs
-# the same for any M (results/kernels.md, "CPU per shape").
-CPU_INT4_MAX_TOKENS = 32
+# the same for any M. Measured (results/kernels.md, "CPU per shape", 4096 x 4096, no
+# dequantized-weight cache): the op wins at M = 64, dequantize-then-GEMM at M = 512.
+CPU_INT4_MAX_TOKENS = 256
 # Dequantize-then-GEMM on the CPU runs in float32 (x upcast, output cast back): every CPU
 # has a fast float32 GEMM, while bf16/fp16 GEMMs are emulated (10x slower than float32)
 # on CPUs without native bf16 (e.g. AVX2-only), and float32 is the more exact of the two.

@@ -328,7 +328,7 @@ def render(data: dict) -> str:
                 "call and multiplies in float32 (what a model too big to keep float copies "
                 "runs: `cache_dequantized = False`); "
                 "`dispatch` is `QuantLinear(x)` with that setting: the int4 op up to "
-                "`CPU_INT4_MAX_TOKENS` = 32 tokens, dequantize-then-GEMM above. The int4 op "
+                "`CPU_INT4_MAX_TOKENS` = 256 tokens, dequantize-then-GEMM above. The int4 op "
                 "computes in bf16 (x, scales and output rounded to bf16); `int4 rel. err` is its "
                 "relative error against the exact float32 product of the same int4 weights. All "
                 "timings of one row come from one interleaved run; compare ratios within a row.", ""]

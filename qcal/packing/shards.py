@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from qcal_kernels.format import unpack_cols
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from qcal.errors import CheckpointError
@@ -29,6 +28,7 @@ from qcal.fsio import write_dir_atomically
 from qcal.model.arch import arch_for, decoder_layers
 from qcal.model.offload import DiskWeights
 from qcal.model.stream import free_layer, layer_file, outside_layer_names, read_layer_state
+from qcal.packing import checkpoint  # its save_file: one writer to patch in fault tests
 from qcal.packing.checkpoint import (
     CHECKPOINT_KIND,
     FORMATS,
@@ -130,7 +130,7 @@ def write_sharded(out_dir: Path, produce: Callable[[], Iterator[dict[str, torch.
         state: dict[str, torch.Tensor] = {}
         for group in produce():
             state.update(group)
-        save_file(state, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+        checkpoint.save_file(state, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
         return [out_dir / WEIGHTS_NAME]
     n = len(shards)
     names = [WEIGHTS_NAME] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors"
