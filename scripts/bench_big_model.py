@@ -53,13 +53,15 @@ def ensure_model(shape: str) -> Path:
     return path
 
 
-def step_command(shape: str, step: str, eval_of: str = "gptq") -> tuple[list[str], Path]:
+def step_command(shape: str, step: str, eval_of: str = "gptq",
+                 eval_seqlen: int | None = None) -> tuple[list[str], Path]:
     src = model_dir(shape)
     out = STATE_DIR / f"{shape}-{step}"
     qcal = [PY, "-m", "qcal"]
     if step == "eval":
         return qcal + ["eval", "--model", str(STATE_DIR / f"{shape}-{eval_of}"), "--ppl",
-                       "--max-windows", "1", "--device", "cpu", "-o", str(out)], out
+                       "--max-windows", "1", "--device", "cpu", "-o", str(out),
+                       *(["--seqlen", str(eval_seqlen)] if eval_seqlen else [])], out
     extra = GPTQ_ARGS if step in ("gptq", "awq") else []
     return qcal + ["quantize", "--model", str(src), "--method", step, "--group-size", "128",
                    "--device", "cpu", *extra, "-o", str(out), "--overwrite", "--keep-work"], out
@@ -80,8 +82,8 @@ def dir_bytes(path: Path) -> int:
 
 
 def run_step(shape: str, step: str, timeout_s: float | None = None,
-             eval_of: str = "gptq") -> dict[str, Any]:
-    cmd, out = step_command(shape, step, eval_of)
+             eval_of: str = "gptq", eval_seqlen: int | None = None) -> dict[str, Any]:
+    cmd, out = step_command(shape, step, eval_of, eval_seqlen)
     load_before = os.getloadavg()
     started = time.time()
     log = STATE_DIR / f"{shape}-{step}.log"
@@ -210,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render-only", action="store_true", help="rewrite results from the state")
     ap.add_argument("--eval-of", choices=("rtn", "gptq", "awq"), default="gptq",
                     help="which of this shape's checkpoints the eval step scores")
+    ap.add_argument("--eval-seqlen", type=int, default=None,
+                    help="tokens of the eval step's one window (default: qcal eval's)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="stop a step after this many seconds and record the layers it finished")
     args = ap.parse_args(argv)
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in state and not args.fresh and state[key]["exit"] == 0:
             continue
         print(f"running {key} ...", flush=True)
-        row = run_step(args.shape, step, args.timeout, args.eval_of)
+        row = run_step(args.shape, step, args.timeout, args.eval_of, args.eval_seqlen)
         print(json.dumps(row), flush=True)
         # One file per step: runs of different shapes may go on side by side.
         (STATE_DIR / f"state-{args.shape}-{step}.json").write_text(json.dumps(row, indent=2))
