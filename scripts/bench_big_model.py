@@ -86,6 +86,8 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
     cmd, out = step_command(shape, step, eval_of, eval_seqlen)
     load_before = os.getloadavg()
     started = time.time()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
     log = STATE_DIR / f"{shape}-{step}.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(["/usr/bin/time", "-v", *cmd], stdout=sink,
@@ -96,8 +98,7 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         "shape": shape, "step": step, "exit": "stopped (time limit)" if timed_out else proc.returncode,
         "command": " ".join(["qcal", *cmd[3:]]).replace(str(ROOT) + "/", ""),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True, cwd=ROOT).stdout.strip(),
+        "commit": commit,
         "load_before": round(load_before[0], 2), "load_after": round(os.getloadavg()[0], 2),
         "wall_s": _wall_seconds(_time_field(text, "Elapsed (wall clock) time (h:mm:ss or m:ss)")
                                 or "0"),
