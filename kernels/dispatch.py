@@ -10,8 +10,8 @@ Backends:
   loads) keeps float32 accuracy, and a checkpoint loaded in bfloat16 runs on the int4 op.
 - ``reference``: dequantize once (cached per dtype and device, unless the layer says
   ``cache_dequantized = False``), then `F.linear`: exact float math, the CPU path for
-  many tokens (more than ``CPU_INT4_MAX_TOKENS`` rows, where dequantize-then-GEMM in
-  float32 beats the int4 op), and the fallback for everything else: other devices, 2/8-bit codes,
+  many tokens (more than ``CPU_INT4_MAX_TOKENS`` rows, where a float32 GEMM on the cached
+  dequantized weight beats the int4 op), and the fallback for everything else: other devices, 2/8-bit codes,
   layouts the fast paths cannot serve, and inputs that need gradients.
 
 ``QCAL_KERNEL=reference|cpu|triton`` forces one backend. A forced backend that cannot serve
@@ -52,11 +52,12 @@ class QuantLinear(Protocol):
 BACKENDS = ("reference", "cpu", "triton")
 # Activation dtypes for which the automatic choice on CPU is the (bf16-computing) int4 op.
 CPU_AUTO_DTYPES = (torch.bfloat16, torch.float16)
-# Above this many tokens (rows of x) the int4 op loses to dequantize-then-GEMM on the CPU:
-# the op's cost grows with M like a GEMM without the BLAS blocking, while dequantizing costs
-# the same for any M. Measured (results/kernels.md, "CPU per shape", 4096 x 4096, no
-# dequantized-weight cache): the op wins at M = 64, dequantize-then-GEMM at M = 512.
-CPU_INT4_MAX_TOKENS = 256
+# Above this many tokens (rows of x) the int4 op loses to a float32 GEMM on a cached
+# dequantized weight: the op's cost grows with M like a GEMM without the BLAS blocking
+# (results/kernels.md, "CPU per shape", 4096 x 4096: a tie at M = 64, the GEMM 1.35x
+# faster at M = 512). Without the cache (a model too big for float copies) dequantizing on
+# every call costs ~as much as the op saves at M = 512 and far more below: the op stays.
+CPU_INT4_MAX_TOKENS = 64
 # Dequantize-then-GEMM on the CPU runs in float32 (x upcast, output cast back): every CPU
 # has a fast float32 GEMM, while bf16/fp16 GEMMs are emulated (10x slower than float32)
 # on CPUs without native bf16 (e.g. AVX2-only), and float32 is the more exact of the two.
@@ -131,8 +132,9 @@ def select_backend(layer: QuantLinear, x: torch.Tensor) -> str:
             )
         return "reference"
     tokens = x.numel() // max(1, x.shape[-1])
-    if forced is None and x.device.type == "cpu" and tokens > CPU_INT4_MAX_TOKENS:
-        return "reference"  # many tokens: dequantize-then-GEMM in x's dtype
+    if (forced is None and x.device.type == "cpu" and tokens > CPU_INT4_MAX_TOKENS
+            and getattr(layer, "cache_dequantized", True)):
+        return "reference"  # many tokens: float32 GEMM on the cached dequantized weight
     if forced == "cpu" or (forced is None and x.device.type == "cpu" and x.dtype in CPU_AUTO_DTYPES):
         plan = _cpu_plan(layer)
         if not isinstance(plan, str):

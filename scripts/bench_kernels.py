@@ -328,7 +328,9 @@ def render(data: dict) -> str:
                 "call and multiplies in float32 (what a model too big to keep float copies "
                 "runs: `cache_dequantized = False`); "
                 "`dispatch` is `QuantLinear(x)` with that setting: the int4 op up to "
-                "`CPU_INT4_MAX_TOKENS` = 256 tokens, dequantize-then-GEMM above. The int4 op "
+                "`CPU_INT4_MAX_TOKENS` = 64 tokens and, without the cache, above too (a model "
+                "that may cache its dequantized weights runs the float32 GEMM above 64 tokens: "
+                "the `fp32` column). The int4 op "
                 "computes in bf16 (x, scales and output rounded to bf16); `int4 rel. err` is its "
                 "relative error against the exact float32 product of the same int4 weights. All "
                 "timings of one row come from one interleaved run; compare ratios within a row.", ""]
