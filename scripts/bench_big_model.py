@@ -192,6 +192,15 @@ def render(rows: list[dict[str, Any]]) -> str:
               "`layers done`, `first layer s` (from the start of the process: loading and "
               "calibration included) and `s/layer after first` come from the per-layer files "
               "in `<output>.work`, so they exist for a step stopped at its time limit too."]
+    lines += ["", "Where the time goes (from the code, for reading the rows): before the first "
+              "layer, `qcal quantize` reads every weight file once to refuse NaN/Inf weights and "
+              "truncated files before any work (a full extra read of the float files: most of "
+              "`first layer s` for RTN); after the last layer, the checkpoint is assembled from "
+              "the per-layer files in `<output>.work` in two passes (plan the shards, then write "
+              "them), so the packed layers are written twice and read twice. `qcal eval` keeps a "
+              "float32 dequantized copy of each linear only when all of them together fit in a "
+              "quarter of the available RAM (a 1B model does, an 8B one does not), so the eval "
+              "peak of a model that fits is its float32 size, by design."]
     if stopped:
         lines += ["", "Stopped at the time limit (`--timeout`) before all layers: "
                   + "; ".join(stopped) + ". Its peak RSS is the peak up to the stop."]
