@@ -77,6 +77,12 @@ def _wall_seconds(value: str) -> float:
     return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
 
 
+def _cpu_seconds(text: str) -> float | None:
+    """User + system CPU seconds: the work done, whatever the load on a shared machine."""
+    user, system = _time_field(text, "User time (seconds)"), _time_field(text, "System time (seconds)")
+    return round(float(user) + float(system), 1) if user and system else None
+
+
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
@@ -105,6 +111,7 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         "peak_rss_gib": round(int(_time_field(text, "Maximum resident set size (kbytes)")
                                   or 0) / 2**20, 2),
         "cpu_percent": _time_field(text, "Percent of CPU this job got"),
+        "cpu_s": _cpu_seconds(text),
         "disk_written_gb": round(int(_time_field(text, "File system outputs") or 0)
                                  * 512 / 1e9, 2),
         "output_gb": round(dir_bytes(out) / 1e9, 2),
@@ -168,9 +175,9 @@ def render(rows: list[dict[str, Any]]) -> str:
         "state and the assembled checkpoint included.",
         "",
         "| shape | step | exit | wall s | quantize s | s/layer | layers done | first layer s | "
-        "s/layer after first | peak RSS GiB | CPU | disk written GB | output GB | "
+        "s/layer after first | peak RSS GiB | CPU | CPU s | disk written GB | output GB | "
         "load avg before/after | started (UTC) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -178,7 +185,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{r.get('quantize_s', '-')} | {r.get('s_per_layer', '-')} | {r.get('layers_done', '-')} | "
             f"{r.get('first_layer_done_s', '-')} | {r.get('s_per_layer_after_first', '-')} | "
             f"{r['peak_rss_gib']} | "
-            f"{r['cpu_percent']} | {r['disk_written_gb']} | {r['output_gb']} | "
+            f"{r['cpu_percent']} | {r.get('cpu_s', '-')} | {r['disk_written_gb']} | {r['output_gb']} | "
             f"{r['load_before']}/{r['load_after']} | {r['started']} |")
     lines += ["", "Commands (paths relative to the checkout):", ""]
     lines += [f"- {r['shape']} {r['step']}: `{r['command']}` (git commit {r.get('commit', '?')})"
