@@ -54,7 +54,7 @@ def ensure_model(shape: str) -> Path:
 
 
 def step_command(shape: str, step: str, eval_of: str = "gptq",
-                 eval_seqlen: int | None = None) -> tuple[list[str], Path]:
+                 eval_seqlen: int | None = None, resume: bool = False) -> tuple[list[str], Path]:
     src = model_dir(shape)
     out = STATE_DIR / f"{shape}-{step}"
     qcal = [PY, "-m", "qcal"]
@@ -64,7 +64,8 @@ def step_command(shape: str, step: str, eval_of: str = "gptq",
                        *(["--seqlen", str(eval_seqlen)] if eval_seqlen else [])], out
     extra = GPTQ_ARGS if step in ("gptq", "awq") else []
     return qcal + ["quantize", "--model", str(src), "--method", step, "--group-size", "128",
-                   "--device", "cpu", *extra, "-o", str(out), "--overwrite", "--keep-work"], out
+                   "--device", "cpu", *extra, "-o", str(out),
+                   "--resume" if resume else "--overwrite", "--keep-work"], out
 
 
 def _time_field(text: str, label: str) -> str | None:
@@ -88,8 +89,9 @@ def dir_bytes(path: Path) -> int:
 
 
 def run_step(shape: str, step: str, timeout_s: float | None = None,
-             eval_of: str = "gptq", eval_seqlen: int | None = None) -> dict[str, Any]:
-    cmd, out = step_command(shape, step, eval_of, eval_seqlen)
+             eval_of: str = "gptq", eval_seqlen: int | None = None,
+             resume: bool = False) -> dict[str, Any]:
+    cmd, out = step_command(shape, step, eval_of, eval_seqlen, resume)
     load_before = os.getloadavg()
     started = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -101,7 +103,8 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         timed_out = _wait(proc, started + timeout_s if timeout_s else None)
     text = log.read_text()
     row: dict[str, Any] = {
-        "shape": shape, "step": step, "exit": "stopped (time limit)" if timed_out else proc.returncode,
+        "shape": shape, "step": step + ("+resume" if resume else ""),
+        "exit": "stopped (time limit)" if timed_out else proc.returncode,
         "command": " ".join(["qcal", *cmd[3:]]).replace(str(ROOT) + "/", ""),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
         "commit": commit,
@@ -138,12 +141,16 @@ def _wait(proc: subprocess.Popen, deadline: float | None) -> bool:
 
     while proc.poll() is None:
         if deadline is not None and time.time() > deadline:
-            for child in psutil.Process(proc.pid).children(recursive=True):
+            children = psutil.Process(proc.pid).children(recursive=True)
+            for child in children:
                 child.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                # Kill qcal, not /usr/bin/time: time still reports the peak and CPU time.
+                for child in children:
+                    child.kill()
+                proc.wait()
             return True
         time.sleep(2)
     return False
@@ -227,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="rtn,gptq,eval", help=f"comma-separated, of {STEPS}")
     ap.add_argument("--fresh", action="store_true", help="re-run steps already in the state")
     ap.add_argument("--render-only", action="store_true", help="rewrite results from the state")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue a stopped step from its work dir (recorded as <step>+resume)")
     ap.add_argument("--eval-of", choices=("rtn", "gptq", "awq"), default="gptq",
                     help="which of this shape's checkpoints the eval step scores")
     ap.add_argument("--eval-seqlen", type=int, default=None,
@@ -244,18 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ensure_model(args.shape)
     for step in steps:
-        key = f"{args.shape}/{step}"
+        key = f"{args.shape}/{step}" + ("+resume" if args.resume else "")
         state = load_state()
         if key in state and not args.fresh and state[key]["exit"] == 0:
             continue
         print(f"running {key} ...", flush=True)
-        row = run_step(args.shape, step, args.timeout, args.eval_of, args.eval_seqlen)
+        row = run_step(args.shape, step, args.timeout, args.eval_of, args.eval_seqlen,
+                       args.resume)
         print(json.dumps(row), flush=True)
         # One file per step: runs of different shapes may go on side by side.
-        (STATE_DIR / f"state-{args.shape}-{step}.json").write_text(json.dumps(row, indent=2))
+        (STATE_DIR / f"state-{args.shape}-{row['step']}.json").write_text(json.dumps(row, indent=2))
         write_results(load_state())
     state = load_state()
-    return 0 if all(state[f"{args.shape}/{s}"]["exit"] == 0 for s in steps) else 1
+    tag = "+resume" if args.resume else ""
+    return 0 if all(state[f"{args.shape}/{s}{tag}"]["exit"] == 0 for s in steps) else 1
 
 
 def load_state() -> dict[str, dict[str, Any]]:
@@ -266,7 +277,8 @@ def load_state() -> dict[str, dict[str, Any]]:
 def write_results(state: dict[str, dict[str, Any]]) -> None:
     order = ("tiny", "1b", "8b")
     rows = [state[k] for k in sorted(state, key=lambda k: (order.index(k.split("/")[0]),
-                                                           STEPS.index(k.split("/")[1])))]
+                                                           STEPS.index(k.split("/")[1].split("+")[0]),
+                                                           k))]
     results = ROOT / "results"
     (results / "big_model.json").write_text(json.dumps(rows, indent=2))
     (results / "big_model.md").write_text(render(rows))
