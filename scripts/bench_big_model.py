@@ -191,8 +191,9 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"| {r['shape']} | {r['step']} | {r['exit']} | {r['wall_s']:.0f} | "
             f"{r.get('quantize_s', '-')} | {r.get('s_per_layer', '-')} | {r.get('layers_done', '-')} | "
             f"{r.get('first_layer_done_s', '-')} | {r.get('s_per_layer_after_first', '-')} | "
-            f"{r['peak_rss_gib']} | "
-            f"{r['cpu_percent']} | {r.get('cpu_s', '-')} | {r['disk_written_gb']} | {r['output_gb']} | "
+            f"{r['peak_rss_gib'] if r['peak_rss_gib'] is not None else '-'} | "
+            f"{r['cpu_percent'] or '-'} | {r.get('cpu_s') or '-'} | {r['disk_written_gb']} | "
+            f"{r['output_gb']} | "
             f"{r['load_before']}/{r['load_after']} | {r['started']} |")
     lines += ["", "Commands (paths relative to the checkout):", ""]
     lines += [f"- {r['shape']} {r['step']}: `{r['command']}` (git commit {r.get('commit', '?')})"
@@ -215,6 +216,7 @@ def render(rows: list[dict[str, Any]]) -> str:
               "float32 dequantized copy of each linear only when all of them together fit in a "
               "quarter of the available RAM (a 1B model does, an 8B one does not), so the eval "
               "peak of a model that fits is its float32 size, by design."]
+    lines += [f"- Note on {r['shape']} {r['step']}: {r['note']}" for r in rows if r.get("note")]
     if stopped:
         lines += ["", "Stopped at the time limit (`--timeout`) before all layers: "
                   + "; ".join(stopped) + ". Its peak RSS is the peak up to the stop."]
