@@ -96,7 +96,7 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
     started = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip()
-    log = STATE_DIR / f"{shape}-{step}.log"
+    log = STATE_DIR / f"{shape}-{step}{'+resume' if resume else ''}.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(["/usr/bin/time", "-v", *cmd], stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
