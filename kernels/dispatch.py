@@ -8,9 +8,11 @@ Backends:
   (see kernels/cpu.py for the accuracy implication), so float32 inputs stay on the exact
   reference unless ``QCAL_KERNEL=cpu`` asks for the op: a float32 model (what `qcal eval`
   loads) keeps float32 accuracy, and a checkpoint loaded in bfloat16 runs on the int4 op.
-- ``reference``: dequantize once (cached per dtype and device), then `F.linear`: exact
-  float math, and the fallback for everything else: other devices, 2/8-bit codes, layouts
-  the fast paths cannot serve, and inputs that need gradients (the kernels have no backward).
+- ``reference``: dequantize once (cached per dtype and device, unless the layer says
+  ``cache_dequantized = False``), then `F.linear`: exact float math, the CPU path for
+  many tokens (more than ``CPU_INT4_MAX_TOKENS`` rows, where a float32 GEMM on the cached
+  dequantized weight beats the int4 op), and the fallback for everything else: other devices, 2/8-bit codes,
+  layouts the fast paths cannot serve, and inputs that need gradients.
 
 ``QCAL_KERNEL=reference|cpu|triton`` forces one backend. A forced backend that cannot serve
 a layer raises `KernelUnsupportedError` (naming why) instead of falling back; the automatic
@@ -31,7 +33,7 @@ from typing import Any, Protocol
 import torch
 from qcal_kernels.errors import KernelError
 from qcal_kernels.layout import KernelUnsupportedError, check_packed, contiguous_group_size
-from qcal_kernels.reference import dequantize_packed
+from qcal_kernels.reference import dequantize_grouped_fast, dequantize_packed
 
 
 class QuantLinear(Protocol):
@@ -50,6 +52,16 @@ class QuantLinear(Protocol):
 BACKENDS = ("reference", "cpu", "triton")
 # Activation dtypes for which the automatic choice on CPU is the (bf16-computing) int4 op.
 CPU_AUTO_DTYPES = (torch.bfloat16, torch.float16)
+# Above this many tokens (rows of x) the int4 op loses to a float32 GEMM on a cached
+# dequantized weight: the op's cost grows with M like a GEMM without the BLAS blocking
+# (results/kernels.md, "CPU per shape", 4096 x 4096: a tie at M = 64, the GEMM 1.35x
+# faster at M = 512). Without the cache (a model too big for float copies) dequantizing on
+# every call costs ~as much as the op saves at M = 512 and far more below: the op stays.
+CPU_INT4_MAX_TOKENS = 64
+# Dequantize-then-GEMM on the CPU runs in float32 (x upcast, output cast back): every CPU
+# has a fast float32 GEMM, while bf16/fp16 GEMMs are emulated (10x slower than float32)
+# on CPUs without native bf16 (e.g. AVX2-only), and float32 is the more exact of the two.
+CPU_GEMM_DTYPE = torch.float32
 ENV_VAR = "QCAL_KERNEL"
 _log = logging.getLogger(__name__)
 
@@ -119,6 +131,10 @@ def select_backend(layer: QuantLinear, x: torch.Tensor) -> str:
                 "no backward); run under torch.no_grad() or set QCAL_KERNEL=reference"
             )
         return "reference"
+    tokens = x.numel() // max(1, x.shape[-1])
+    if (forced is None and x.device.type == "cpu" and tokens > CPU_INT4_MAX_TOKENS
+            and getattr(layer, "cache_dequantized", True)):
+        return "reference"  # many tokens: float32 GEMM on the cached dequantized weight
     if forced == "cpu" or (forced is None and x.device.type == "cpu" and x.dtype in CPU_AUTO_DTYPES):
         plan = _cpu_plan(layer)
         if not isinstance(plan, str):
@@ -155,13 +171,32 @@ def prime_reference(layer: QuantLinear, weight: torch.Tensor) -> None:
 
 
 def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    out_dtype = x.dtype
+    if x.device.type == "cpu" and x.dtype in CPU_AUTO_DTYPES:
+        x = x.to(CPU_GEMM_DTYPE)
+
     def build() -> torch.Tensor:
-        w = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, layer.bits, x.dtype)
+        group = _cached(layer, "group_size", lambda: contiguous_group_size(
+            layer.g_idx, layer.scales.shape[0]))
+        if group and layer.in_features % group == 0:
+            w = dequantize_grouped_fast(layer.qweight, layer.qzeros, layer.scales, group,
+                                        layer.bits, x.dtype)
+        else:
+            w = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx,
+                                  layer.bits, x.dtype)
         return w.T.contiguous()
 
-    w = _cached(layer, f"ref:{x.dtype}:{x.device}", build)
+    # A model bigger than memory sets cache_dequantized=False (qcal's load_checkpoint): the
+    # float weights of every layer together would be the float model again.
+    key = f"ref:{x.dtype}:{x.device}"
+    hit = layer._kernel_cache.get(key)
+    if not getattr(layer, "cache_dequantized", True) and (hit is None
+                                                          or hit[0] != _weights_version(layer)):
+        w = build()
+    else:
+        w = _cached(layer, key, build)
     bias = None if layer.bias is None else layer.bias.to(x.dtype)
-    return torch.nn.functional.linear(x, w, bias)
+    return torch.nn.functional.linear(x, w, bias).to(out_dtype)
 
 
 def _triton(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ qzeros packs along out_features the same way. Only widths that divide 32 pack
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from qcal_kernels.errors import KernelError
 
@@ -36,6 +38,26 @@ def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     packed_device = codes.device
     shifts = (torch.arange(per, dtype=torch.int64, device=packed_device) * bits).view(1, per, 1)
     return _to_int32((c << shifts).sum(dim=1))
+
+
+def pack_transposed(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """`pack_rows(codes.T)` for codes [N, K] (a linear's [out, in] orientation): the same
+    words, built along K without transposing the wide code matrix. Codes are packed into
+    bytes first (`8 // bits` per byte, in uint8) and the bytes read as little-endian int32
+    words, which puts code j of a word at bits [j*bits, (j+1)*bits) exactly as
+    `pack_rows` does; only the narrow packed matrix is transposed."""
+    per = _per_word(bits)
+    n, k = codes.shape
+    if k % per:
+        raise KernelError(f"cannot pack {k} rows into int32 words of {per} {bits}-bit codes")
+    if sys.byteorder != "little":
+        return pack_rows(codes.T.contiguous(), bits)
+    c = codes.to(torch.uint8)
+    per_byte = 8 // bits
+    byte = c[:, 0::per_byte].clone() if per_byte > 1 else c.contiguous()
+    for j in range(1, per_byte):
+        byte.bitwise_or_(c[:, j::per_byte] << (j * bits))
+    return byte.view(torch.int32).T.contiguous()
 
 
 def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:

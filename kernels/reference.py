@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from qcal_kernels.errors import KernelError
 from qcal_kernels.format import PACKABLE_BITS
@@ -49,3 +51,24 @@ def int4_matmul_reference(
     """y = x @ dequant(W), computed in float32 and returned in x's dtype."""
     w = dequantize_packed(qweight, qzeros, scales, g_idx, bits, torch.float32)
     return (x.float() @ w).to(x.dtype)
+
+
+def dequantize_grouped_fast(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+    bits: int = 4, dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """`dequantize_packed` for contiguous whole groups of `group_size` rows (no act-order):
+    the same values, without [in, out]-sized gathers of scales and zeros. Codes come out of
+    the int32 words byte by byte (little-endian: code j of a word sits in byte j*bits//8),
+    and scale/zero broadcast over each group's rows."""
+    k = qweight.shape[0] * (32 // bits)
+    n = qweight.shape[1]
+    if bits != 4 or sys.byteorder != "little" or group_size <= 0 or k % group_size:
+        g_idx = torch.arange(k, dtype=torch.int32, device=qweight.device) // max(group_size, 1)
+        return dequantize_packed(qweight, qzeros, scales, g_idx, bits, dtype)
+    raw = qweight.contiguous().view(torch.uint8).view(k // 8, n, 4)
+    codes = torch.stack([raw & 15, raw >> 4], dim=-1)  # [K/8, N, 4 bytes, 2 nibbles]
+    codes = codes.view(k // 8, n, 8).permute(0, 2, 1).reshape(k // group_size, group_size, n)
+    z = _unpack_rows(qzeros.T, bits).T.float().unsqueeze(1)  # [groups, 1, N]
+    s = scales.float().unsqueeze(1)
+    return (s * (codes.float() - z)).reshape(k, n).to(dtype)

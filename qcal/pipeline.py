@@ -34,6 +34,8 @@ from qcal.model.consistency import check_token_ids
 from qcal.model.loading import load_model
 from qcal.model.resolve import arch_for
 from qcal.model.sequential import PROGRESS_FILE, read_progress
+from qcal.model.shards import save_streamed_checkpoint
+from qcal.model.stream import is_streamed
 from qcal.packing.card import model_card
 from qcal.packing.checkpoint import (
     CHECKPOINT_KIND,
@@ -153,7 +155,20 @@ def quantize_model_dir(
         raise ConfigError(f"method {method!r} takes a {quant_method.config_cls.__name__}")
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
-    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
+    # With a work directory the float model streams: decoder layers stay on the meta device
+    # until their turn, finished layers go to the work dir, and the checkpoint is assembled
+    # from there shard by shard (qcal.model.stream, qcal.model.shards). Not where layers
+    # hold modules re-expressed as linears (Conv1D, fused experts): their files name others.
+    from qcal.model.loading import resolve_model_dir
+    from qcal.model.resolve import resolve_arch
+    from qcal.model.shapes import skeleton
+
+    model = resolve_model_dir(model, trust_remote_code)
+    adapted = not is_quantized_checkpoint(model) and bool(
+        resolve_arch(skeleton(model, trust_remote_code)).adapted)
+    stream = opts.work_dir is not None and opts.packed and not adapted
+    net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code, stream=stream,
+                                     prelude=quant_method.needs_calibration)
     check_token_ids(calib_ids, net, "calibration")
     arch = arch_for(net)
     validate_scheme(net, config.scheme, opts.selection)
@@ -193,7 +208,12 @@ def quantize_model_dir(
         # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.
         extra[f"artifacts/{AWQ_ARTIFACT}"] = artifact.read_bytes()
     # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
-    if opts.dist.is_main:  # under torchrun every rank holds the same result; one writes it
+    if opts.dist.is_main and is_streamed(net):
+        save_streamed_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
+                                 work_dir=Path(opts.work_dir), source_dir=Path(src),  # type: ignore[arg-type]
+                                 fields=quant_method.checkpoint_fields(config), meta=meta,
+                                 extra_files=extra, fmt=fmt, shard_bytes=opts.shard_bytes)
+    elif opts.dist.is_main:  # under torchrun every rank holds the same result; one writes it
         save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
                         fields=quant_method.checkpoint_fields(config), meta=meta, extra_files=extra,
                         fmt=fmt)

@@ -205,11 +205,14 @@ def finished_checkpoint(out: Path, key: str) -> dict[str, Any] | None:
 
 
 def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: Any = None,
-               reuse: bool = False, progress: bool = True) -> RecipeOutcome:
+               reuse: bool = False, progress: bool = True, shard_bytes: int | None = None,
+               max_memory: int | None = None) -> RecipeOutcome:
     """Calibration -> quantize -> save (-> evaluate) for one recipe.
 
     `policy` (OutputPolicy) says what may be replaced and whether to resume; `reuse`
     keeps an existing checkpoint made by this exact recipe instead of recomputing it.
+    `shard_bytes` and `max_memory` bound the checkpoint's shards and the calibration
+    activations held in RAM (RunOptions); neither changes a result.
     """
     from qcal.devices import resolve_device
     from qcal.methods import RunOptions
@@ -235,7 +238,9 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
                 calib = calibration_step(recipe, tokenizer, model_dir, cache, device)
                 calib_ids, manifest = calib.input_ids, calib.manifest
             opts = RunOptions(device=device, work_dir=work, resume=policy.resume,
-                              progress=progress, dist=dist, selection=recipe.modules)
+                              progress=progress, dist=dist, selection=recipe.modules,
+                              max_memory=max_memory,
+                              **({"shard_bytes": shard_bytes} if shard_bytes else {}))
             log = quantize_model_dir(model_dir, recipe.method_name, recipe.method, out, calib_ids,
                                      manifest, opts, trust_remote_code=recipe.trust_remote_code,
                                      extra_log={"recipe": recipe.to_dict(), "recipe_key": key,

@@ -1,7 +1,8 @@
 """Benchmark the int4 kernels; writes results/kernels.{json,md}.
 
-CPU part: torch's int4 CPU op (kernels/cpu.py) vs float32 and bf16 `torch.matmul` at
-(M=1, K=N=4096) and (M=64, K=N=4096), timed round-robin in one run (median of --repeats);
+CPU part: torch's int4 CPU op (kernels/cpu.py), dequantize-then-GEMM and qcal's dispatch vs
+float32 and bf16 `torch.matmul` at M = 1, 16, 64, 512 (K=N=4096), timed round-robin in one
+run (median of --repeats);
 end-to-end greedy decode tokens/s of the default model, float vs qcal RTN-w4 checkpoints
 (made with `qcal quantize --method rtn` when missing), plus the perplexity cost of the
 op's bf16 arithmetic.
@@ -100,29 +101,47 @@ def random_layer(k: int, n: int, group: int, seed: int = 0) -> QuantLinear:
     return QuantLinear.from_result(rtn_quantize(w, QuantScheme(4, group)), None).eval()
 
 
+MATMUL_TOKENS = (1, 16, 64, 512)
+
+
 def cpu_matmuls(repeats: int) -> list[dict]:
+    """Per shape (M tokens x K=N=4096): dense fp32/bf16, the int4 op, dequantize-then-GEMM
+    (bf16, dequantized per call: what a model too big to cache runs), and what qcal's
+    dispatch picks for bf16 inputs with no dequantized-weight cache."""
     from qcal_kernels.cpu import cpu_int4_matmul, pack_for_cpu
+    from qcal_kernels.reference import dequantize_grouped_fast
 
     rows = []
     layer = random_layer(4096, 4096, 128)
+    layer.cache_dequantized = False
     packed = pack_for_cpu(layer.qweight, layer.qzeros, layer.scales, layer.g_idx)
     w32 = layer.dequantized_weight()
     w16 = w32.to(torch.bfloat16)
-    for m in (1, 64):
+
+    def dequant_gemm(x: torch.Tensor) -> torch.Tensor:  # float32 GEMM, as the dispatch does
+        w = dequantize_grouped_fast(layer.qweight, layer.qzeros, layer.scales, 128, 4)
+        return torch.nn.functional.linear(x.float(), w.T.contiguous()).to(x.dtype)
+
+    for m in MATMUL_TOKENS:
         x32 = torch.randn(m, 4096)
         x16 = x32.to(torch.bfloat16)
-        with torch.no_grad():
+        with torch.no_grad(), kernel_env(None):
             t = time_round_robin({
                 "fp32 matmul": lambda x32=x32: torch.matmul(x32, w32.T),
                 "bf16 matmul": lambda x16=x16: torch.matmul(x16, w16.T),
                 "int4 op, bf16 x": lambda x16=x16: cpu_int4_matmul(x16, packed),
                 "int4 op, fp32 x": lambda x32=x32: cpu_int4_matmul(x32, packed),
+                "dequant+fp32 GEMM, bf16 x": lambda x16=x16: dequant_gemm(x16),
+                "dispatch, bf16 x": lambda x16=x16: layer(x16),
             }, repeats)
             ref = x32 @ w32.T
             err = float((cpu_int4_matmul(x32, packed) - ref).norm() / ref.norm())
+            chosen = layer.kernel_backend(x16)
         rows.append({"M": m, "K": 4096, "N": 4096, "group": 128, "timings": t, "int4_rel_err": err,
+                     "dispatch_backend": chosen,
                      "speedup_vs_fp32": t["fp32 matmul"]["median_ms"] / t["int4 op, fp32 x"]["median_ms"],
-                     "speedup_vs_bf16": t["bf16 matmul"]["median_ms"] / t["int4 op, bf16 x"]["median_ms"]})
+                     "speedup_vs_bf16": t["bf16 matmul"]["median_ms"] / t["int4 op, bf16 x"]["median_ms"],
+                     "dispatch_vs_bf16": t["bf16 matmul"]["median_ms"] / t["dispatch, bf16 x"]["median_ms"]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -233,6 +252,12 @@ def cpu_part(args: argparse.Namespace) -> dict:
     section: dict[str, Any] = {"matmul": cpu_matmuls(args.repeats)}
     if not args.skip_e2e:
         section["decode"] = e2e_decode(args)
+    elif (args.merge or args.out.with_suffix(".json")).is_file():
+        # Keep the earlier decode table, with the provenance of the run that measured it.
+        old = json.loads((args.merge or args.out.with_suffix(".json")).read_text()).get("cpu", {})
+        if old.get("decode"):
+            section["decode"] = old["decode"]
+            section["decode_provenance"] = old.get("decode_provenance", old.get("provenance"))
     load_after = os.getloadavg()
     section["provenance"] = provenance(
         model="models/smollm2-135m-instruct (SmolLM2-135M-Instruct, float32, itself dequantized from Q4_1)",
@@ -279,23 +304,40 @@ def render(data: dict) -> str:
            "Written by `scripts/bench_kernels.py`; each section states the run that produced it.", ""]
     cpu = data.get("cpu")
     if cpu:
-        out += ["## CPU: torch's int4 op vs torch.matmul (K = N = 4096, group 128)", "",
+        out += ["## CPU per shape: torch's int4 op, dequantize-then-GEMM and dense matmul "
+                "(K = N = 4096, group 128)", "",
                 provenance_markdown(cpu["provenance"]), ""]
         rows = []
         for r in cpu["matmul"]:
             t = r["timings"]
             rows.append([r["M"], *(t[k]["median_ms"] for k in ("fp32 matmul", "bf16 matmul",
                                                                 "int4 op, fp32 x", "int4 op, bf16 x")),
-                         r["speedup_vs_fp32"], r["speedup_vs_bf16"], f"{r['int4_rel_err']:.1e}"])
+                         t.get("dequant+fp32 GEMM, bf16 x", {}).get("median_ms", "-"),
+                         t.get("dispatch, bf16 x", {}).get("median_ms", "-"),
+                         r.get("dispatch_backend", "-"),
+                         r["speedup_vs_bf16"], r.get("dispatch_vs_bf16", "-"),
+                         f"{r['int4_rel_err']:.1e}"])
         out += [markdown_table(["M", "fp32 ms", "bf16 ms", "int4 (fp32 x) ms", "int4 (bf16 x) ms",
-                                "fp32 / int4(fp32 x)", "bf16 / int4(bf16 x)", "int4 rel. err"], rows), "",
-                "Ratios > 1 mean the int4 path is faster. The int4 op computes in bf16 (x, scales and "
-                "output rounded to bf16); `int4 rel. err` is its relative error against the exact "
-                "float32 product of the same int4 weights.", ""]
+                                "dequant+fp32 GEMM (bf16 x) ms", "dispatch (bf16 x) ms", "dispatch picks",
+                                "bf16 / int4(bf16 x)", "bf16 / dispatch", "int4 rel. err"], rows), "",
+                "Ratios > 1 mean the quantized path is faster than dense bf16 with a resident float "
+                "weight. `dequant+fp32 GEMM` dequantizes the packed weight to float32 on every "
+                "call and multiplies in float32 (what a model too big to keep float copies "
+                "runs: `cache_dequantized = False`); "
+                "`dispatch` is `QuantLinear(x)` with that setting: the int4 op up to "
+                "`CPU_INT4_MAX_TOKENS` = 64 tokens and, without the cache, above too (a model "
+                "that may cache its dequantized weights runs the float32 GEMM above 64 tokens: "
+                "the `fp32` column). The int4 op "
+                "computes in bf16 (x, scales and output rounded to bf16); `int4 rel. err` is its "
+                "relative error against the exact float32 product of the same int4 weights. All "
+                "timings of one row come from one interleaved run; compare ratios within a row.", ""]
         dec = cpu.get("decode")
         if dec:
             out += [f"## CPU: end-to-end greedy decode ({dec['decode_tokens']} tokens after a "
                     f"{dec['prompt_tokens']}-token prompt, batch 1, KV cache)", ""]
+            if cpu.get("decode_provenance"):
+                out += ["Measured by an earlier run (before the per-shape dispatch; this run "
+                        "passed --skip-e2e):", "", provenance_markdown(cpu["decode_provenance"]), ""]
             rows = [[r["model"], r["tokens_per_s"],
                      f"{r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f}",
                      r["weight_MB"], r["kernel_cache_MB"],

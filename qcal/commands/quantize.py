@@ -94,6 +94,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--eval-windows", type=int, default=16,
                    help="with --eval: windows of --seqlen tokens per language")
     p.add_argument("-o", "--output", type=Path, default=None, help="checkpoint directory")
+    p.add_argument("--shard-size", default="2GB",
+                   help="largest checkpoint shard (e.g. 500MB, 2GB); a bigger checkpoint is "
+                        "written as model-0000i-of-0000N.safetensors plus the standard index")
+    p.add_argument("--max-memory", default="auto",
+                   help="calibration activations kept in RAM between layers (e.g. 4GB); above "
+                        "it they spill to <output>.work; auto: a quarter of the available RAM")
     p.set_defaults(handler=run)
 
 
@@ -198,7 +204,12 @@ def run(args: argparse.Namespace) -> int:
         out = args.output or default_output_dir(args.model, recipe.method_name, recipe.scheme)
         args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command "
                                "with --resume to continue")
-    outcome = run_recipe(recipe, policy=OutputPolicy(args.overwrite, args.resume, args.keep_work))
+    from qcal.model.stream import parse_bytes
+
+    outcome = run_recipe(recipe, policy=OutputPolicy(args.overwrite, args.resume, args.keep_work),
+                         shard_bytes=parse_bytes(args.shard_size, "--shard-size"),
+                         max_memory=(None if args.max_memory == "auto"
+                                     else parse_bytes(args.max_memory, "--max-memory")))
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun, rank 0 reports
     summary: dict[str, Any] = {"output": str(outcome.output), "method": recipe.method_name,

@@ -354,7 +354,7 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
         # Each layer's float weights from a short-lived mapping: the memory-mapped float
         # model would otherwise become resident layer by layer beside the packed one.
         weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
-        dist=dist,
+        dist=dist, max_memory=opts.max_memory,  # issue 36: activation budget
     )
     n_layers = len(decoder_layers(model, arch))
     for index in range(n_layers):

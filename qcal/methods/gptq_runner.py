@@ -162,6 +162,9 @@ def quantize_layer_gptq(
                 part.loss = hessian_loss(float_weight, dense, sink.hessian(name).float())
                 losses[name] = part.loss
                 start += rows
+            # issue 36: this Hessian (in_features^2 floats) is done; free it before the next.
+            sink.hessians.pop(sink.alias.get(names[0], names[0]), None)
+            del stacked, result
         del sink
     return losses
 
@@ -246,7 +249,7 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
             fingerprint=fingerprint(model, cfg, calib, opts.packed) + f"-x{dist.world}",
             store_dtype=None if store == model_dtype else store,
             weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
-            dist=dist,
+            dist=dist, max_memory=opts.max_memory,  # issue 36: activation budget
         )
     return {f"{arch.layers_path}.{index}.{name}": loss
             for index, per_layer in logs.items() for name, loss in per_layer.items()}

@@ -45,6 +45,10 @@ class RunOptions:
     # Which linears are quantized, and whether every MoE expert sees every calibration token
     # (the recipe's `modules`; part of the checkpoint key when not the default).
     selection: ModuleSelection = ModuleSelection()
+    # A streamed run's checkpoint shards (bytes; qcal.model.shards) and the calibration
+    # activations kept in memory before they spill to work_dir (bytes; None: automatic).
+    shard_bytes: int = 2 * 10**9
+    max_memory: int | None = None
 
 
 RunFn = Callable[[nn.Module, Any, "torch.Tensor | None", RunOptions], dict[str, float | None]]
@@ -93,6 +97,14 @@ def iter_layer_linears(model: nn.Module, arch: ArchSpec,
     names = [(i, f"{arch.layers_path}.{i}.{lin}") for i in range(len(layers))
              for lin in arch.linear_names]
     return [(i, n) for i, n in names if selection is None or selection.selects(n)]
+
+
+def selection_tag(selection: ModuleSelection) -> str:
+    """What a resume fingerprint adds for a non-default selection (none for the default, so
+    saved progress of earlier runs stays valid)."""
+    from qcal.cache import fingerprint
+
+    return "" if selection.is_default() else "-" + fingerprint(selection)[:12]
 
 
 def layer_spec(arch: ArchSpec, index: int, selection: ModuleSelection) -> ArchSpec:

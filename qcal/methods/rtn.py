@@ -1,32 +1,104 @@
-"""Round-to-nearest: every linear on its own min/max grid, no calibration data."""
+"""Round-to-nearest: every linear on its own min/max grid, no calibration data.
+
+On a streamed model (a meta skeleton, qcal.model.stream) RTN is one pass over the
+files: each decoder layer is read in its stored dtype (the grid math upcasts one
+linear at a time), quantized, written to the work directory and freed, so memory is
+one layer and `--resume` continues after the last written layer.
+"""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from qcal.config import RTNConfig
-from qcal.methods.registry import QuantMethod, RunOptions, apply_result, iter_layer_linears
-from qcal.model.arch import get_module
+from qcal.fsio import atomic_write_text
+from qcal.methods.registry import (
+    QuantMethod,
+    RunOptions,
+    apply_result,
+    iter_layer_linears,
+    layer_spec,
+    selection_tag,
+)
+from qcal.model.arch import ArchSpec, decoder_layers, get_module
+from qcal.model.offload import DiskWeights, return_freed_memory
 from qcal.model.resolve import arch_for
+from qcal.model.sequential import PROGRESS_FILE, ResumeStateError, read_progress, resume_fingerprint
+from qcal.model.stream import free_layer, is_streamed, layer_file, read_layer_state, write_layer_state
 from qcal.quant.base import rtn_quantize
+
+
+def _quantize_linear(module: nn.Module, name: str, full_name: str, cfg: RTNConfig,
+                     packed: bool) -> float:
+    weight = get_module(module, name).weight.detach()
+    result = rtn_quantize(weight, cfg.scheme, name=full_name, with_loss=True)
+    apply_result(module, name, result, packed)
+    return float(result.loss)  # type: ignore[arg-type]
 
 
 def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,
             opts: RunOptions) -> dict[str, float | None]:
     arch = arch_for(model)
+    if is_streamed(model) and opts.weights_dir is not None and opts.work_dir is not None:
+        return _run_streamed(model, arch, cfg, opts)
     losses: dict[str, float | None] = {}
     names = iter_layer_linears(model, arch, opts.selection)
     for _, name in tqdm(names, desc="rtn", disable=not opts.progress):
-        weight = get_module(model, name).weight.detach()
-        result = rtn_quantize(weight, cfg.scheme, name=name)
-        losses[name] = float((result.dequantize() - weight.float()).pow(2).sum())
-        apply_result(model, name, result, opts.packed)
+        losses[name] = _quantize_linear(model, name, name, cfg, opts.packed)
     return losses
 
 
-METHOD = QuantMethod("rtn", RTNConfig, False, run_rtn)
+def _run_streamed(model: nn.Module, arch: ArchSpec, cfg: RTNConfig,
+                  opts: RunOptions) -> dict[str, float | None]:
+    work = Path(opts.work_dir)  # type: ignore[arg-type]
+    weights = DiskWeights(opts.weights_dir)  # type: ignore[arg-type]
+    layers = decoder_layers(model, arch)
+    tag = resume_fingerprint("rtn", model, cfg, torch.zeros(0, dtype=torch.int64), opts.packed) \
+        + selection_tag(opts.selection)
+    losses: dict[str, float | None] = {}
+    start = 0
+    if opts.resume:
+        start, losses = _resume(work, layers, tag)
+    # Linear weights stay in the file's dtype (bf16 halves the reads); the grid math
+    # upcasts one linear at a time. Norms take the model's dtype, as a full load gives them.
+    keep = frozenset(f"{name}.weight" for name in arch.linear_names)
+    return_freed_memory()
+    for index in tqdm(range(start, len(layers)), desc="rtn", disable=not opts.progress,
+                      initial=start, total=len(layers)):
+        prefix = f"{arch.layers_path}.{index}."
+        weights.load_into(layers[index], prefix, keep_stored=keep)
+        for name in layer_spec(arch, index, opts.selection).linear_names:
+            losses[prefix + name] = _quantize_linear(layers[index], name, prefix + name, cfg,
+                                                     opts.packed)
+        if opts.dist.is_main:
+            write_layer_state(work, index, layers[index])
+            atomic_write_text(work / PROGRESS_FILE, json.dumps(
+                {"done": index, "fingerprint": tag, "logs": losses}))
+        free_layer(layers, index)
+        return_freed_memory()
+    return losses
+
+
+def _resume(work: Path, layers: nn.ModuleList, tag: str) -> tuple[int, dict[str, float | None]]:
+    state = read_progress(work)
+    if state is None:
+        return 0, {}
+    if state.get("fingerprint") != tag:
+        raise ResumeStateError(f"{work} holds progress of a different run (model, method or "
+                               "scheme changed); drop --resume and pass --overwrite to start over")
+    done = int(state["done"])
+    if not -1 <= done < len(layers):
+        raise ResumeStateError(f"resume state file {work / PROGRESS_FILE} names layer {done} "
+                               f"of a {len(layers)}-layer model; start over with --overwrite")
+    for i in range(done + 1):  # module types only; the checkpoint is assembled from the files
+        read_layer_state(layers[i], layer_file(work, i))
+        free_layer(layers, i)
+    return done + 1, dict(state.get("logs") or {})
 
 
 METHOD = QuantMethod("rtn", RTNConfig, False, run_rtn)

@@ -17,8 +17,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError, RemoteCodeError
+from qcal.errors import CheckpointError, ModelNotFoundError, RemoteCodeError
 from qcal.model.hub import parse_hub_id, snapshot_dir
+from qcal.model.offload import check_finite as require_finite
 from qcal.paths import PROVISIONED_MODELS, default_model_dir, models_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -129,11 +130,7 @@ def check_weight_files(path: Path, check_finite: bool = True) -> int:
                 # unmapped again at once, so the whole file never counts in the peak RSS.
                 with safe_open(str(f), "pt") as handle:
                     t = handle.get_tensor(key)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    raise NumericalError(
-                        f"weight tensor {key} in {f} holds NaN or Inf values; the model "
-                        "file is corrupted: restore or re-convert it"
-                    )
+                require_finite(t, key, f)
                 del t
         except (SafetensorError, OSError) as err:
             raise CheckpointError(
@@ -156,12 +153,16 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
 
 def load_model(
     model: str | Path | None = None, dtype: str | torch.dtype | None = None,
-    trust_remote_code: bool = False, check: bool = True,
+    trust_remote_code: bool = False, check: bool = True, stream: bool = False,
+    prelude: bool = True,
 ) -> tuple[nn.Module, Any, Path]:
     """(model in eval mode, tokenizer, directory). Quantized checkpoints load as QuantLinear.
 
     `check` reads every weight file once first (truncation, NaN/Inf) so a bad file gives
-    one clear error instead of a traceback or a silently wrong result."""
+    one clear error instead of a traceback or a silently wrong result. `stream` (float
+    models only) returns a skeleton whose decoder layers stay on the meta device, to be
+    read from the files one at a time (qcal.model.stream); `prelude=False` leaves the
+    embeddings on meta too (for methods that run no forward pass)."""
     from transformers import AutoModelForCausalLM
 
     from qcal.model import consistency
@@ -177,6 +178,11 @@ def load_model(
 
         net = load_checkpoint(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
                               prepare=arch_for)
+    elif stream:
+        from qcal.model.stream import build_skeleton
+
+        net = build_skeleton(path, torch_dtype or torch.float32, trust_remote_code,
+                             with_prelude=prelude)
     else:
         try:
             net = AutoModelForCausalLM.from_pretrained(

@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from qcal.errors import ModelNotFoundError
+from qcal.errors import ModelNotFoundError, NumericalError
 
 
 class DiskWeights:
@@ -46,25 +46,55 @@ class DiskWeights:
                 with safe_open(str(f), "pt") as handle:
                     self.files.update({k: f for k in handle.keys()})  # noqa: SIM118
 
-    def load_into(self, module: nn.Module, prefix: str) -> int:
+    def load_into(self, module: nn.Module, prefix: str, keep_stored: frozenset[str] = frozenset()
+                  ) -> int:
         """Replace `module`'s tensors named `prefix + name` in the files with private copies
-        (in each tensor's current dtype and device); returns how many were replaced."""
+        (in each tensor's current dtype and device, or, for the names in `keep_stored`, in
+        the dtype the file stores); returns how many were replaced. Works on meta tensors
+        too: that is how a streamed layer is materialized."""
         own = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        names = [n for n in own if prefix + n in self.files]
+        return self._load(module, prefix, names, own, keep_stored)
+
+    def load_named(self, module: nn.Module, names: list[str]) -> int:
+        """Like `load_into` with no prefix, for the listed state-dict names only."""
+        own = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        return self._load(module, "", [n for n in names if n in self.files], own, frozenset())
+
+    def _load(self, module: nn.Module, prefix: str, names: list[str],
+              own: dict[str, torch.Tensor], keep_stored: frozenset[str]) -> int:
         wanted: dict[Path, list[str]] = {}
-        for name in own:
-            f = self.files.get(prefix + name)
-            if f is not None:
-                wanted.setdefault(f, []).append(name)
+        for name in names:
+            wanted.setdefault(self.files[prefix + name], []).append(name)
         state: dict[str, torch.Tensor] = {}
-        for f, names in wanted.items():
+        for f, group in wanted.items():
             with safe_open(str(f), "pt") as handle:
-                for name in names:
+                for name in group:
                     ref = own[name]
-                    # .clone() on the same dtype/device: a view of the mapping would keep it resident.
-                    state[name] = handle.get_tensor(prefix + name).to(ref.dtype).to(ref.device).clone()
+                    t = handle.get_tensor(prefix + name)
+                    dtype = t.dtype if name in keep_stored else ref.dtype
+                    device = "cpu" if ref.is_meta else ref.device
+                    # A copy on the same dtype/device: a view of the mapping would keep it resident.
+                    copy = t.to(dtype=dtype, device=device, copy=True)
+                    del t
+                    state[name] = copy
         if state:
             module.load_state_dict(state, strict=False, assign=True)
         return len(state)
+
+
+def check_finite(t: torch.Tensor, name: str, path: Path) -> None:
+    """A NaN/Inf float weight is an error naming it (for check_weight_files). One reduction
+    first (a finite sum means every element is finite); the exact element test only when
+    the sum is not finite."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return
+    if bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all()):
+        return
+    raise NumericalError(
+        f"weight tensor {name} in {path} holds NaN or Inf values; the model "
+        "file is corrupted: restore or re-convert it"
+    )
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters

@@ -23,13 +23,22 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from qcal.cache import fingerprint
-from qcal.errors import CheckpointError, ConfigError
+from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_bytes, atomic_write_text
-from qcal.model.arch import ArchSpec, decoder_layers, get_module, set_module
+from qcal.model.arch import ArchSpec, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.offload import DiskWeights, return_freed_memory
 from qcal.model.replay import release_replay
+from qcal.model.stream import (
+    ResumeStateError,
+    activation_budget,
+    free_layer,
+    layer_file,
+    read_layer_state,
+    spill_to_disk,
+    write_layer_state,
+)
 from qcal.packing.qlinear import QuantLinear
 
 LayerFn = Callable[[int, nn.Module, LayerInputs], dict[str, Any]]
@@ -37,14 +46,6 @@ LayerFn = Callable[[int, nn.Module, LayerInputs], dict[str, Any]]
 
 PROGRESS_FILE = "progress.json"
 HIDDEN_FILE = "next_hidden.json"  # index of one safetensors file per calibration batch
-
-
-class ResumeStateError(CheckpointError):
-    """A file of an interrupted run's saved state is missing, truncated or not qcal's."""
-
-
-def _layer_file(work_dir: Path, index: int) -> Path:
-    return work_dir / f"layer_{index:04d}.safetensors"
 
 
 def _hidden_file(work_dir: Path, dist: DistContext) -> Path:
@@ -64,11 +65,7 @@ def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerIn
     states tagged with their layer; resume takes the older of progress and hidden."""
     if dist.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
-        quant = {n: [m.in_features, m.out_features, m.bits, m.group_size, m.bias is not None]
-                 for n, m in layer.named_modules() if isinstance(m, QuantLinear)}
-        state = {k: v.detach().contiguous().cpu() for k, v in layer.state_dict().items()}
-        atomic_write_bytes(_layer_file(work_dir, index),
-                           save(state, metadata={"quant": json.dumps(quant)}))
+        write_layer_state(work_dir, index, layer)
         atomic_write_text(work_dir / PROGRESS_FILE,
                           json.dumps({"done": index, "fingerprint": fingerprint, "logs": logs}))
     dist.barrier()
@@ -89,22 +86,6 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
     except (OSError, SafetensorError, ValueError) as err:
         raise ResumeStateError(
             f"resume state file {path} is missing or corrupted ({str(err).splitlines()[0]}); "
-            "start over: run without --resume and with --overwrite"
-        ) from None
-
-
-def _restore_layer(layer: nn.Module, path: Path) -> None:
-    state, meta = _read_safetensors(path)
-    try:
-        quant = json.loads(meta.get("quant", "{}"))
-        for name, (inf, outf, bits, group, bias) in quant.items():
-            set_module(layer, name, QuantLinear(int(inf), int(outf), int(bits), int(group),
-                                                bool(bias)))
-        # assign: copying into memory-mapped float weights would make their pages resident.
-        layer.load_state_dict(state, assign=True)
-    except (ValueError, TypeError, RuntimeError, AttributeError) as err:
-        raise ResumeStateError(
-            f"resume state file {path} does not fit this model ({str(err).splitlines()[0]}); "
             "start over: run without --resume and with --overwrite"
         ) from None
 
@@ -165,7 +146,10 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
                                "run without --resume and with --overwrite")
     done = tagged
     for i in range(done + 1):
-        _restore_layer(layers[i], _layer_file(work_dir, i))
+        streamed = any(p.is_meta for p in layers[i].parameters())
+        read_layer_state(layers[i], layer_file(work_dir, i))
+        if streamed:  # the checkpoint is assembled from the files; memory stays one layer
+            free_layer(layers, i)
     hidden = []
     for i in range(batches):
         part, meta = _read_safetensors(_batch_file(hidden_file, i))
@@ -182,7 +166,7 @@ def sequential_quantize(
     device: str = "cpu", batch_size: int = 8, progress: bool = True, desc: str = "layers",
     work_dir: Path | None = None, resume: bool = False, fingerprint: str = "",
     store_dtype: torch.dtype | None = None, weights: DiskWeights | None = None,
-    dist: DistContext = SINGLE,
+    dist: DistContext = SINGLE, max_memory: int | None = None,
 ) -> dict[str, Any]:
     """Run `quantize_layer(index, layer, inputs)` over all decoder layers; returns its logs.
 
@@ -191,6 +175,8 @@ def sequential_quantize(
     a freshly loaded model came from) re-reads each layer's float weights right before
     it is quantized, so the memory-mapped float model never becomes resident. The
     process's allocator is tuned to hand freed layers back (see `return_freed_memory`).
+    Calibration activations above `max_memory` bytes (None: a share of the available RAM)
+    live in memory-mapped files in `work_dir` instead of RAM (qcal.model.stream).
     """
     layers = decoder_layers(model, arch)
     logs: dict[str, Any] = {}
@@ -207,8 +193,14 @@ def sequential_quantize(
             raise ResumeStateError(f"resume state in {work_dir} does not match the calibration "
                                    "batches; start over: run without --resume, with --overwrite")
         inputs = dataclasses.replace(inputs, hidden=hidden)
+    held = sum(h.numel() * h.element_size() for h in inputs.hidden)
+    if work_dir is not None and held > activation_budget(max_memory):
+        spill_dir = work_dir / (f"spill.rank{dist.rank}" if dist.active else "spill")
+        inputs = dataclasses.replace(inputs, hidden=spill_to_disk(inputs.hidden, spill_dir))
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
+        # A skeleton's layer (qcal.model.stream) is read from disk now and freed when done.
+        streamed = any(p.is_meta for p in layers[index].parameters())
         if weights is not None:
             weights.load_into(layers[index], f"{arch.layers_path}.{index}.")
         layer = layers[index].to(device)
@@ -223,6 +215,8 @@ def sequential_quantize(
         return_freed_memory()
         if work_dir is not None:
             _save_progress(work_dir, index, layers[index], inputs, logs, fingerprint, dist)
+            if streamed:
+                free_layer(layers, index)
         bar.update(1)
     bar.close()
     return logs

@@ -51,16 +51,20 @@ def _zero_storage_format(model: nn.Module) -> str:
     return "gptq"
 
 
-def _state_for_disk(model: nn.Module, fmt: str) -> dict[str, torch.Tensor]:
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+def _state_for_disk(model: nn.Module, fmt: str, prefix: str = "",
+                    tied: bool | None = None) -> dict[str, torch.Tensor]:
+    """`model`'s tensors as the GPTQ layout stores them, named `prefix + name`."""
+    state = {prefix + k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     for name in quant_modules(model):  # the GPTQ layout's scales are fp16 (exact for qcal's)
-        state[f"{name}.scales"] = state[f"{name}.scales"].to(torch.float16)
+        state[f"{prefix}{name}.scales"] = state[f"{prefix}{name}.scales"].to(torch.float16)
     if fmt == "gptq":
         for name, layer in quant_modules(model).items():
-            stored = unpack_cols(state[f"{name}.qzeros"], layer.bits) - 1
-            state[f"{name}.qzeros"] = pack_cols(stored, layer.bits)
+            stored = unpack_cols(state[f"{prefix}{name}.qzeros"], layer.bits) - 1
+            state[f"{prefix}{name}.qzeros"] = pack_cols(stored, layer.bits)
     # Tied embeddings share storage; safetensors refuses aliases, and loaders re-tie.
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+    if tied is None:
+        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    if tied:
         state.pop("lm_head.weight", None)
     return state
 
@@ -115,51 +119,78 @@ def save_checkpoint(
 
     def fill(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        config = model.config.to_dict()
-        config["quantization_config"] = qcfg
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        if fmt in ("gptq", "gptq_v2"):
-            (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-        for name, content in (extra_files or {}).items():
-            data = content.encode("utf-8") if isinstance(content, str) else content
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_bytes(data)
+        write_side_files(tmp, model, qcfg, fmt, tokenizer, extra_files)
 
     write_dir_atomically(Path(out_dir), fill, CHECKPOINT_KIND)
     return Path(out_dir)
 
 
+def write_side_files(tmp: Path, model: nn.Module, qcfg: dict[str, Any], fmt: str,
+                     tokenizer: Any, extra_files: dict[str, str | bytes] | None) -> None:
+    """config.json (with quantization_config), quantize_config.json, tokenizer, extras."""
+    config = model.config.to_dict()
+    config["quantization_config"] = qcfg
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    if fmt in ("gptq", "gptq_v2"):
+        (tmp / "quantize_config.json").write_text(json.dumps(qcfg, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    for name, content in (extra_files or {}).items():
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_bytes(data)
+
+
 def _other_format_state(model: nn.Module, fmt: str, sym: bool, fields: dict[str, Any]
                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """State dict and quantization_config of the compressed-tensors or AWQ GEMM format."""
-    from qcal.packing import formats
-
     layers = quant_modules(model)
     first = next(iter(layers.values()))
     if fmt == "awq" and len({(q.bits, q.group_size) for q in layers.values()}) > 1:
         raise CheckpointError("the AWQ GEMM layout holds one scheme for every linear; use "
                               "--format compressed-tensors for per-module schemes")
     state = _state_for_disk(model, "gptq_v2")
-    dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
-    for name, layer in layers.items():
+    actorder = convert_quant_state(state, model, fmt, sym, model_float_dtype(model))
+    return state, other_format_config(model, fmt, first, sym, actorder, fields)
+
+
+def model_float_dtype(model: nn.Module) -> torch.dtype:
+    return next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+
+
+def convert_quant_state(state: dict[str, torch.Tensor], module: nn.Module, fmt: str, sym: bool,
+                        dtype: torch.dtype, prefix: str = "") -> bool:
+    """Rewrite `module`'s GPTQ-layout (v2) entries of `state` in format `fmt`, in place;
+    returns whether any linear's groups are reordered (act-order)."""
+    from qcal.packing import formats
+
+    actorder = False
+    for name, layer in quant_modules(module).items():
+        full = prefix + name
         for suffix in QUANT_SUFFIXES:
-            state.pop(f"{name}.{suffix}")
+            state.pop(f"{full}.{suffix}")
         codes = formats.codes_of(layer)
-        new = (formats.ct_tensors(name, codes, dtype, sym) if fmt == "compressed-tensors"
-               else formats.awq_tensors(name, codes))
+        actorder = actorder or not codes.contiguous_groups
+        new = (formats.ct_tensors(full, codes, dtype, sym) if fmt == "compressed-tensors"
+               else formats.awq_tensors(full, codes))
         state.update({k: v.contiguous() for k, v in new.items()})
+    return actorder
+
+
+def other_format_config(model: nn.Module, fmt: str, first: QuantLinear, sym: bool,
+                        actorder: bool, fields: dict[str, Any]) -> dict[str, Any]:
+    from qcal.packing import formats
+
     if fmt == "awq":
-        return state, formats.awq_config(first.bits, first.group_size)
+        return formats.awq_config(first.bits, first.group_size)
     ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     by_scheme: dict[tuple[int, int], list[str]] = {}
-    for name, layer in layers.items():
+    for name, layer in quant_modules(model).items():
         by_scheme.setdefault((layer.bits, layer.group_size), []).append(name)
     groups = ([(first.bits, first.group_size, ["Linear"])] if len(by_scheme) == 1 else
               [(bits, group, names) for (bits, group), names in by_scheme.items()])
     # Act-order reaches this format only with static groups (ct_tensors refuses g_idx).
-    return state, formats.ct_config(groups, sym, bool(fields.get("desc_act")), ignore)
+    return formats.ct_config(groups, sym, bool(fields.get("desc_act")), ignore)
 
 
 def is_legacy_qcal_checkpoint(path: Path) -> bool:
@@ -278,8 +309,13 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     torch_dtype = dtype or getattr(config, "dtype", None) or torch.float32
     if isinstance(torch_dtype, str):
         torch_dtype = getattr(torch, torch_dtype)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
-                                             trust_remote_code=trust_remote_code)
+    from accelerate import init_empty_weights
+
+    # Parameters on meta: the float linears that QuantLinear replaces are never allocated
+    # (for an 8B model a float copy would be 32 GB); every tensor is assigned from the file.
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
+                                                 trust_remote_code=trust_remote_code)
     if prepare is not None:
         prepare(model)  # e.g. Conv1D and fused MoE experts as the linears the files name
 
@@ -309,7 +345,20 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         raise CheckpointError(f"unsupported checkpoint_format {fmt!r} in {path}/config.json")
     model.tie_weights()
     model.eval()
+    _bound_kernel_caches(model)
     return model
+
+
+def _bound_kernel_caches(model: nn.Module, share: float = 0.25) -> None:
+    """No per-layer dequantized-weight cache when those caches (float32 worst case) would
+    take more than `share` of the RAM available: a big model then dequantizes per call."""
+    import psutil
+
+    layers = quant_modules(model).values()
+    floats = sum(4 * m.in_features * m.out_features for m in layers)
+    if floats > share * psutil.virtual_memory().available:
+        for m in layers:
+            m.cache_dequantized = False
 
 
 def _as_gptq_state(state: dict[str, torch.Tensor], method: str,
@@ -355,6 +404,7 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         raise CheckpointError(f"checkpoint {path} has unexpected tensors: {unexpected[:5]}")
-    for key, ref in expected.items():
-        if key in state:
-            ref.copy_(state[key].to(ref.dtype) if ref.is_floating_point() else state[key])
+    # assign: the skeleton's parameters are meta; float tensors take the model's dtype.
+    model.load_state_dict({key: state[key].to(ref.dtype) if ref.is_floating_point() else state[key]
+                           for key, ref in expected.items() if key in state},
+                          strict=False, assign=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from qcal_kernels.format import PACKABLE_BITS, pack_cols, pack_rows
+from qcal_kernels.format import PACKABLE_BITS, pack_cols, pack_transposed
 from torch import nn
 
 from qcal.quant.base import QuantResult
@@ -44,6 +44,9 @@ class QuantLinear(nn.Module):
             self.bias = None
         # Backend-specific repacked weights (e.g. torch's CPU int4 layout), built lazily.
         self._kernel_cache: dict[str, object] = {}
+        # Whether the reference path may keep its dequantized float weight between calls
+        # (fast; but over all layers of a big model that is a float copy of it).
+        self.cache_dequantized = True
 
     @classmethod
     def from_result(
@@ -52,7 +55,7 @@ class QuantLinear(nn.Module):
         out_f, in_f = result.codes.shape
         scheme = result.scheme
         layer = cls(in_f, out_f, scheme.bits, scheme.group_size, bias is not None, scale_dtype)
-        layer.qweight.copy_(pack_rows(result.codes.T.contiguous(), scheme.bits))
+        layer.qweight.copy_(pack_transposed(result.codes, scheme.bits))
         layer.qzeros.copy_(pack_cols(result.zeros, scheme.bits))
         layer.scales.copy_(result.scales.to(scale_dtype))
         layer.g_idx.copy_(result.g_idx.to(torch.int32))

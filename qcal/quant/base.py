@@ -38,10 +38,32 @@ class QuantResult:
         assert int(self.codes.min()) >= 0 and int(self.codes.max()) <= self.scheme.maxq
 
 
-def rtn_quantize(w: torch.Tensor, scheme: QuantScheme, name: str = "layer") -> QuantResult:
-    """Round-to-nearest on a per-group min/max grid (no calibration data)."""
+def rtn_quantize(w: torch.Tensor, scheme: QuantScheme, name: str = "layer",
+                 with_loss: bool = False) -> QuantResult:
+    """Round-to-nearest on a per-group min/max grid (no calibration data).
+
+    `with_loss` also sets `loss`, the squared error of the dequantized weight. Contiguous
+    whole groups (every RTN call but a ragged last group) take a broadcast path over the
+    [out, groups, group] view: the same grid, codes and loss as the gathered form, without
+    [out, in]-sized copies of the scales and zeros (RTN of a large model is this loop)."""
     out_f, in_f = w.shape
-    scales, zeros = grid.grouped_params(w, scheme, name=name)
-    g_idx = grid.group_index(in_f, scheme.effective_group(in_f))
-    codes = grid.quantize_grouped(w, scales, zeros, g_idx, scheme.maxq)
-    return QuantResult(codes, scales, zeros.to(torch.int32), g_idx, scheme)
+    g = scheme.effective_group(in_f)
+    groups = scheme.groups_for(in_f, name)
+    g_idx = grid.group_index(in_f, g)
+    if groups * g != in_f:
+        scales, zeros = grid.grouped_params(w, scheme, name=name)
+        codes = grid.quantize_grouped(w, scales, zeros, g_idx, scheme.maxq)
+        result = QuantResult(codes, scales, zeros.to(torch.int32), g_idx, scheme)
+        if with_loss:
+            result.loss = float((result.dequantize() - w.float()).pow(2).sum())
+        return result
+    wf = w.float().reshape(out_f, groups, g)
+    scale, zero = grid.find_params(wf, scheme.bits, scheme.sym)  # [out, groups]
+    s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
+    q = torch.div(wf, s).round_().add_(z).clamp_(0, scheme.maxq)
+    codes = q.to(torch.int32).reshape(out_f, in_f)
+    loss = None
+    if with_loss:
+        loss = float(q.sub_(z).mul_(s).sub_(wf).pow_(2).sum())
+    return QuantResult(codes, scale.T.contiguous(), zero.T.contiguous().to(torch.int32), g_idx,
+                       scheme, loss)

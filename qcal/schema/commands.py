@@ -27,6 +27,7 @@ from qcal.schema.fields import (
     Seed,
     Selector,
     SeqLen,
+    Size,
     Source,
     plain_list,
     selector_langs,
@@ -126,6 +127,8 @@ class QuantizeOptions(Options):
     ignore: list[Regex] = []
     moe_all_experts: Flag = False
     show_arch: Flag = False
+    shard_size: Size = "2GB"
+    max_memory: Size | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _rules(self) -> QuantizeOptions:
