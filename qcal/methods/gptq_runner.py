@@ -134,7 +134,7 @@ def quantize_layer_gptq(
                 continue
             shared.setdefault(sink.alias.get(name, name), []).append(name)
         batches = list(shared.values())
-        linears = {n: layer_linear(layer, n) for n in step}
+        linears = {n: layer_linear(layer, n) for b in batches for n in b}
         owners = dist.owners([linears[b[0]].in_features ** 2 * sum(linears[n].out_features
                                                                     for n in b) for b in batches])
         for names, owner in zip(batches, owners, strict=True):

@@ -174,10 +174,12 @@ def load_model(
         check_weight_files(path)
         consistency.check_model_files(path, trust_remote_code)  # no random init, sane packing
     if is_quantized_checkpoint(path):
-        from qcal.model.resolve import arch_for
+        from qcal.model.adapters import adapt_modules
 
+        # Conv1D and fused MoE experts as the per-name linears the checkpoint stores (no
+        # resolution needed: the files say which linears are quantized).
         net = load_checkpoint(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-                              prepare=arch_for)
+                              prepare=adapt_modules)
     elif stream:
         from qcal.model.stream import build_skeleton
 

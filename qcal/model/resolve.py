@@ -42,6 +42,7 @@ from qcal.model.adapters import LinearizedExperts, adapt_modules, is_conv1d, is_
 from qcal.model.arch import ArchSpec, ScaleGroup
 from qcal.model.probe import Trace, layer_output, relative_error, trace_layer
 from qcal.module_tree import get_module
+from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
 
 
@@ -81,9 +82,10 @@ def _signature(layer: nn.Module) -> tuple[Any, ...]:
     for name, m in layer.named_modules():
         if skip and name.startswith(skip):
             continue
-        if is_conv1d(m) or isinstance(m, nn.Linear):
-            weight = tuple(m.weight.shape) if isinstance(m, nn.Linear) else tuple(m.weight.shape[::-1])
-            out.append((name, "linear", weight, getattr(m, "bias", None) is not None))
+        if is_conv1d(m) or isinstance(m, (nn.Linear, QuantLinear)):
+            # A quantized layer matches a float one: resolution may run mid-quantization.
+            shape = ((m.nf, m.nx) if is_conv1d(m) else (m.out_features, m.in_features))
+            out.append((name, "linear", shape, getattr(m, "bias", None) is not None))
         elif is_fused_experts(m):
             out.append((name, "experts", tuple(m.gate_up_proj.shape)))
             skip = tuple(f"{name}.{p}" for p in ("gate_up_proj", "down_proj"))

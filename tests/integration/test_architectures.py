@@ -196,7 +196,7 @@ def test_moe_experts_without_tokens(tmp_path: Path, texts: list[str], all_expert
     assert fallback == (set() if all_experts else expert3)
     with safe_open(str(out / "model.safetensors"), "pt") as handle:
         keys = set(handle.keys())  # noqa: SIM118
-    assert {f"{n}.qweight" for n in expert3} <= keys  # per-expert names, quantized either way
+    assert {f"{n}.weight_packed" for n in expert3} <= keys  # per-expert names, quantized either way
     assert not any(k.endswith("gate_up_proj") for k in keys)
 
 
