@@ -3,7 +3,8 @@ families (results/architectures.md + .json).
 
 For each family in qcal.model.tiny.TINY_FAMILIES (2 layers, hidden 64, norm weights far
 from their init, four 8x embedding channels) and each of RTN, GPTQ, GPTQ act-order and
-AWQ (w4 g32 asym, 16 x 64 calibration tokens of stdlib docstrings): whether it quantizes,
+AWQ (w4 g32 asym, 16 x 64 calibration tokens of stdlib docstrings; compressed-tensors, the
+default format, except act-order in the GPTQ layout, which keeps g_idx): whether it quantizes,
 how many linears became QuantLinear, float linear weights left in the decoder layers, the
 packed-vs-dequantized logit difference of the reloaded checkpoint, and KL(float || quant)
 on 4 x 64 held-out tokens with its ratio to RTN's. Random weights: the KL column tells a
@@ -64,17 +65,20 @@ def render(infos: list[dict], rows: list[dict], meta: dict) -> str:
              f"{meta['load']}; {meta['date']}.", "",
              "Tiny random models (2 layers, hidden 64; norm weights in [0.5, 1.5] as w or 1 + w; "
              "four embedding channels 8x larger), w4 g32 asymmetric, 16 x 64 calibration tokens, "
-             "KL(float || quantized) per token on 4 x 64 held-out tokens. Random weights: the "
+             "KL(float || quantized) per token on 4 x 64 held-out tokens; whether a bare "
+             "`AutoModelForCausalLM.from_pretrained` loads the compressed-tensors checkpoint and "
+             "gives qcal's logits. Random weights: the "
              "KL ratio to RTN shows a wrong fold or a missed linear (several times RTN's), not "
              "the quality a trained model would get.", "",
-             "| family | method | ok | linears quantized | float weights left | "
-             "packed vs dequantized | KL | KL / RTN | s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| family | method | format | ok | linears quantized | float weights left | "
+             "packed vs dequantized | KL | KL / RTN | bare transformers loads it | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         status = "yes" if r["ok"] else f"**no** {r['error']}"
-        lines.append(f"| {r['family']} | {r['method']} | {status} | {r['linears_quantized']} | "
-                     f"{len(r['float_left'])} | {r['logit_diff']:.1e} | {r['kl']:.2e} | "
-                     f"{r['kl_vs_rtn']:.2f} | {r['seconds']} |")
+        loads = r.get("transformers") or "- (GPTQ layout)"
+        lines.append(f"| {r['family']} | {r['method']} | {r.get('format', '')} | {status} | "
+                     f"{r['linears_quantized']} | {len(r['float_left'])} | {r['logit_diff']:.1e} | "
+                     f"{r['kl']:.2e} | {r['kl_vs_rtn']:.2f} | {loads} | {r['seconds']} |")
     weak = [f"{r['family']} {r['method']} ({r['kl_vs_rtn']:.2f}x)" for r in rows
             if r["method"] != "rtn" and r["ok"] and r["kl_vs_rtn"] > 0.9]
     lines += ["", "Every family quantizes with every method, leaves no float linear in its decoder "
