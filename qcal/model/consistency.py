@@ -90,6 +90,8 @@ def check_weights_match_config(path: Path, trust_remote_code: bool = False) -> N
                 raise CheckpointError(f"weight {key} in {f.name} is stored as {dtype}, not a "
                                       "float type; the file is not a float model: restore or "
                                       "re-convert it")
+    if missing and _renamed_on_load(net, files, path):
+        return
     if missing:
         raise ModelNotFoundError(
             f"{path}: {len(missing)} parameter(s) of the architecture in config.json are not in "
@@ -98,6 +100,8 @@ def check_weights_match_config(path: Path, trust_remote_code: bool = False) -> N
             "tie_word_embeddings): restore the model's own config.json")
     known = used | {find(n) or n for n, _ in net.named_buffers()}
     unused = [k for k in files if k not in known and not k.endswith(RECOMPUTED_SUFFIXES)]
+    if unused and _renamed_on_load(net, files, path):
+        return
     if unused:
         raise ModelNotFoundError(
             f"{path}: {len(unused)} tensor(s) in the weight files have no place in the "
@@ -112,7 +116,20 @@ def _converted_on_load(net: torch.nn.Module) -> bool:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:
         return False
-    return bool(get_checkpoint_conversion_mapping(getattr(net.config, "model_type", "")))
+    # Mappings are registered by model type or by class name (GPT-NeoX's embed_out -> lm_head).
+    return bool(get_checkpoint_conversion_mapping(getattr(net.config, "model_type", ""))
+                or get_checkpoint_conversion_mapping(type(net).__name__))
+
+
+def _renamed_on_load(net: torch.nn.Module, files: dict[str, tuple[str, tuple[int, ...], Path]],
+                     path: Path) -> bool:
+    """Names differ but transformers renames on load (a model's own key mapping, e.g. GPT-NeoX's
+    `embed_out` as `lm_head`): accepted when the element counts agree exactly, which a missing
+    layer or head would break."""
+    if not _converted_on_load(net):
+        return False
+    _check_sizes(net, files, path)
+    return True
 
 
 def _check_sizes(net: torch.nn.Module, files: dict[str, tuple[str, tuple[int, ...], Path]],
