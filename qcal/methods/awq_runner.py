@@ -51,6 +51,7 @@ from qcal.model.adapters import calibrate_experts, finish_experts
 from qcal.model.arch import ArchSpec, ScaleGroup, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
 from qcal.model.distributed import SINGLE, DistContext
+from qcal.model.fold import fold_into
 from qcal.model.offload import DiskWeights
 from qcal.model.resolve import arch_for, shared_input_of
 from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_quantize
@@ -120,17 +121,7 @@ def fold_scale(layer: nn.Module, group: ScaleGroup, s: torch.Tensor, norm_offset
             f"AWQ scale for {group.prev_op} has {s.numel()} entries but the op is {width} wide; "
             "the artifact was made for a different model"
         )
-    bias = getattr(prev, "bias", None)
-    if isinstance(prev, nn.Linear):
-        w, b = awq.fold_into_linear_out(prev.weight, bias, s)
-    else:
-        w, b = awq.fold_into_norm(prev.weight, bias, s, norm_offset)
-    prev.weight.copy_(w)
-    if b is not None:
-        bias.copy_(b)
-    for name in group.linears:
-        lin = layer_linear(layer, name)
-        lin.weight.copy_(awq.scale_linear_in(lin.weight, s))
+    fold_into(prev, [layer_linear(layer, n) for n in group.linears], s, norm_offset)
 
 
 @torch.no_grad()

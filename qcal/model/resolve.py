@@ -40,10 +40,10 @@ from torch import nn
 from qcal.errors import ConfigError
 from qcal.model.adapters import LinearizedExperts, adapt_modules, is_conv1d, is_fused_experts
 from qcal.model.arch import ArchSpec, ScaleGroup
+from qcal.model.fold import fold_into
 from qcal.model.probe import Trace, layer_output, relative_error, trace_layer
 from qcal.module_tree import get_module
 from qcal.packing.qlinear import QuantLinear
-from qcal.quant import awq
 
 
 class UnsupportedArchitecture(ConfigError):
@@ -257,18 +257,7 @@ class _Resolver:
         width = prev.out_features if isinstance(prev, nn.Linear) else prev.weight.shape[0]
         s = torch.empty(width, dtype=torch.float64).uniform_(
             0.5, 2.0, generator=torch.Generator().manual_seed(2))
-        with torch.no_grad():
-            bias = getattr(prev, "bias", None)
-            if isinstance(prev, nn.Linear):
-                w, b = awq.fold_into_linear_out(prev.weight, bias, s)
-            else:
-                w, b = awq.fold_into_norm(prev.weight, bias, s, offset)
-            prev.weight.copy_(w)
-            if b is not None:
-                bias.copy_(b)
-            for name in group.linears:
-                lin = get_module(twin, name)
-                lin.weight.copy_(awq.scale_linear_in(lin.weight, s))
+        fold_into(prev, [get_module(twin, n) for n in group.linears], s, offset)
         return relative_error(layer_output(twin, self.args, self.kwargs), self.reference) < EXACT
 
     def _block(self, linears: tuple[str, ...], key: Any) -> tuple[str, bool]:

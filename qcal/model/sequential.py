@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch import nn
 from tqdm.auto import tqdm
@@ -36,6 +35,7 @@ from qcal.model.stream import (
     free_layer,
     layer_file,
     read_layer_state,
+    read_state_file,
     spill_to_disk,
     write_layer_state,
 )
@@ -76,18 +76,6 @@ def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerIn
                            save({"hidden": h.contiguous()}, metadata={"layer": str(index)}))
     atomic_write_text(index_file, json.dumps({"layer": index, "batches": len(inputs.hidden)}))
     dist.barrier()
-
-
-def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    try:
-        with safe_open(str(path), "pt") as handle:
-            meta = handle.metadata() or {}
-            return {k: handle.get_tensor(k) for k in handle.keys()}, meta  # noqa: SIM118
-    except (OSError, SafetensorError, ValueError) as err:
-        raise ResumeStateError(
-            f"resume state file {path} is missing or corrupted ({str(err).splitlines()[0]}); "
-            "start over: run without --resume and with --overwrite"
-        ) from None
 
 
 def resume_fingerprint(method: str, model: nn.Module, cfg: Any, calib: torch.Tensor,
@@ -152,7 +140,7 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
             free_layer(layers, i)
     hidden = []
     for i in range(batches):
-        part, meta = _read_safetensors(_batch_file(hidden_file, i))
+        part, meta = read_state_file(_batch_file(hidden_file, i))
         if "hidden" not in part or meta.get("layer") != str(tagged):
             raise ResumeStateError(f"resume state file {_batch_file(hidden_file, i)} does not "
                                    f"belong to layer {tagged}; start over: run without --resume "

@@ -110,7 +110,7 @@ class ResumeStateError(CheckpointError):
     """A per-layer state file of an interrupted run is missing, truncated or not qcal's."""
 
 
-def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read_state_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     try:
         with safe_open(str(path), "pt") as handle:
             meta = handle.metadata() or {}
@@ -124,7 +124,7 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def read_layer_state(layer: nn.Module, path: Path) -> None:
     """Load a `write_layer_state` file into `layer` (QuantLinear modules created as needed)."""
-    state, meta = _read(path)
+    state, meta = read_state_file(path)
     try:
         quant: dict[str, Any] = json.loads(meta.get("quant", "{}"))
         for name, (inf, outf, bits, group, bias) in quant.items():
