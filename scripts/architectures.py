@@ -87,6 +87,18 @@ def render(infos: list[dict], rows: list[dict], meta: dict) -> str:
                  if weak else "")
               + "On random tiny models that is a statement about the fold (no method is several "
               "times worse than RTN), not about quality."]
+    failed = {}
+    for r in rows:
+        if (r.get("transformers") or "yes") != "yes":
+            failed.setdefault(r["family"], r["transformers"][:90])
+    if failed:
+        lines += ["", "Bare transformers (5.24) does not load every compressed-tensors export: "
+                  + "; ".join(f"{family}: {why}" for family, why in failed.items())
+                  + ". GPT-2's `Conv1D` is not replaced by transformers' compressed-tensors "
+                  "loader, and MoE experts stored per expert are not fused back into its "
+                  "3-D expert parameters (Mixtral then loads with wrong weights, which is why "
+                  "the check compares logits). qcal loads all of them; use qcal (or vLLM, not "
+                  "tested here) for these families."]
     lines += ["", "## What qcal resolved per family", "",
               "| family | model type | linears/layer | steps | re-expressed | kept float | "
               "AWQ scale groups | skipped candidates |", "|---|---|---|---|---|---|---|---|"]
