@@ -296,11 +296,11 @@ class CompareOptions(Options):
 
 
 class ReportOptions(Options):
-    run_dir: list[ExistingDir] = []
+    run_dir: list[Path] = []  # checked by the report itself (its message names `qcal compare`)
     title: str | None = None
     study: str | None = None  # the studies (outside the core) check their own names
     out: Path | None = None
-    bench_grid: list[ExistingDir] | None = None
+    bench_grid: list[Path] | None = None
     out_benchmarks: Path | None = None
 
 

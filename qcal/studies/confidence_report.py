@@ -194,10 +194,8 @@ def drift_rows(per_task: dict[str, Any]
                 continue
             acc, conf = d["acc_test"], d["conf_true_test"]
             drift.append([task, method, d["seeds"], d["drift"]["n"],
-                          f"{acc['delta']:+.4f} [{acc['ci_low']:+.4f}, {acc['ci_high']:+.4f}]",
-                          f"{conf['delta']:+.4f} [{conf['ci_low']:+.4f}, {conf['ci_high']:+.4f}]",
-                          "-" if conf["p_ttest"] is None else f"{conf['p_ttest']:.3g}",
-                          f"{conf['p_holm']:.3g}" if "p_holm" in conf else "-",
+                          delta_ci(acc), delta_ci(conf), number(conf["p_ttest"], ".3g"),
+                          number(conf.get("p_holm"), ".3g"),
                           f"{d['drift']['flip_rate']:.3f}",
                           *[d[CLAIM_KEYS[scale]] for scale in SCALES]])
             for q, test in zip(d["drift"]["by_base_conf_quantile"], d["quartile_tests"],
@@ -219,6 +217,18 @@ def drift_rows(per_task: dict[str, Any]
     return drift, quartiles, contrasts
 
 
+def number(value: float | None, spec: str) -> str:
+    """A statistic, or "-" where the test was not run (too few units to test)."""
+    return "-" if value is None else format(value, spec)
+
+
+def delta_ci(t: dict[str, Any]) -> str:
+    """Difference [95% CI]; the difference alone where no interval was computed."""
+    if t.get("ci_low") is None or t.get("ci_high") is None:
+        return f"{t['delta']:+.4f} (untested)"
+    return f"{t['delta']:+.4f} [{t['ci_low']:+.4f}, {t['ci_high']:+.4f}]"
+
+
 def contrast_cells(contrast: str, t: dict[str, Any]) -> list[str]:
     """Scale, test, Q1, Q2-4, difference, p and effect of one unsure-vs-rest contrast: means,
     their difference [bootstrap CI], Welch p and Cohen's d; or, for a rank test, medians,
@@ -226,10 +236,9 @@ def contrast_cells(contrast: str, t: dict[str, Any]) -> list[str]:
     if contrast.endswith(RANKS):
         return [SCALES[contrast.removesuffix(RANKS)], "Mann-Whitney U",
                 f"{t['median_a']:+.4f}", f"{t['median_b']:+.4f}", f"{t['delta']:+.4f}",
-                f"{t['p']:.3g}", f"r {t['effect_r']:+.2f}"]
+                number(t["p"], ".3g"), f"r {t['effect_r']:+.2f}"]
     return [SCALES[contrast], "Welch t", f"{t['mean_a']:+.4f}", f"{t['mean_b']:+.4f}",
-            f"{t['delta']:+.4f} [{t['ci_low']:+.4f}, {t['ci_high']:+.4f}]",
-            "-" if t["p_ttest"] is None else f"{t['p_ttest']:.3g}",
+            delta_ci(t), number(t["p_ttest"], ".3g"),
             "-" if t["effect_d"] is None else f"d {t['effect_d']:+.2f}"]
 
 

@@ -64,25 +64,25 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
     spec = GridSpec(name="tiny", model=str(tiny_model_dir), selectors=("random",),
                     methods=("rtn", "gptq"), group_size=32, source=str(calib), nsamples=4,
                     seqlen=32, eval_seqlen=32, max_windows=2, eval_text_file=str(evaluation),
-                    tasks=("qcal_nextsent_en",), confidence=True, limit=8, seed=(0, 1))
+                    tasks=("qcal_nextsent_en",), confidence=True, limit=12, seed=(0, 1))
     GridRunner(spec, tmp_path / "grid", tmp_path / "work", progress=False).run()
     done = _report("confidence", tmp_path / "grid", "--bench-grid", tmp_path / "grid",
                    "--out", tmp_path / "conf", "--out-benchmarks", tmp_path / "bench")
     assert done.returncode == 0, done.stderr
     conf = (tmp_path / "conf.md").read_text()
-    assert "| p (Holm) |" in conf and "| qcal_nextsent_en | gptq | 2 | 8 |" in conf
+    assert "| p (Holm) |" in conf and "| qcal_nextsent_en | gptq | 2 | 12 |" in conf
     assert "task x model gold-answer confidence changes" in conf
     assert "| claim (p) | claim (log-odds) |" in conf and "| Δlog-odds |" in conf
     for report, chart in (("conf", "conf_grid.png"), ("bench", "bench_grid.png")):
         assert (tmp_path / chart).read_bytes()[:4] == b"\x89PNG"
         assert f"]({chart})" in (tmp_path / f"{report}.md").read_text()
     bench = (tmp_path / "bench.md").read_text()
-    assert "| qcal_nextsent_en | float | 1 | 8 |" in bench and "| qcal_nextsent_en | gptq | 2 | 8 |" in bench
+    assert "| qcal_nextsent_en | float | 1 | 12 |" in bench and "| qcal_nextsent_en | gptq | 2 | 12 |" in bench
     # GPTQ against RTN on the same 8 items (no AWQ cells: its pairs are left out)
     assert "### Methods against each other" in bench and "| qcal_nextsent_en | gptq - rtn |" in bench
     assert "awq - " not in bench and "- **gptq vs rtn** over 1 tasks" in bench
     pairs = json.loads((tmp_path / "bench.json").read_text())["grids"]["grid"]["method_pairs"]
-    assert [(p["a"], p["b"], p["test"]["units"]) for p in pairs] == [("gptq", "rtn", 8)]
+    assert [(p["a"], p["b"], p["test"]["units"]) for p in pairs] == [("gptq", "rtn", 12)]
     data = json.loads((tmp_path / "conf.json").read_text())
     drift = data["grids"]["grid"]["tasks"]["qcal_nextsent_en"]["gptq"]["drift"]
     assert drift["seeds"] == 2 and "p_holm" in drift["conf_true_test"]
@@ -99,7 +99,7 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
                    "--out-benchmarks", tmp_path / "bench2")
     assert done.returncode == 0, done.stderr
     bench = (tmp_path / "bench2.md").read_text()
-    assert "| qcal_nextsent_en | gptq | 2 | 8 |" in bench and "| grid |\n" in bench
+    assert "| qcal_nextsent_en | gptq | 2 | 12 |" in bench and "| grid |\n" in bench
     assert "Tasks only the confidence grid runs come from" in bench
 
     # A second model whose benchmark grid has no cells yet: its confidence grid stands in,
