@@ -77,8 +77,9 @@ def test_confidence_and_benchmark_tables_from_a_tiny_grid(tiny_model_dir: Path,
         assert (tmp_path / chart).read_bytes()[:4] == b"\x89PNG"
         assert f"]({chart})" in (tmp_path / f"{report}.md").read_text()
     bench = (tmp_path / "bench.md").read_text()
-    assert "| qcal_nextsent_en | float | 1 | 12 |" in bench and "| qcal_nextsent_en | gptq | 2 | 12 |" in bench
-    # GPTQ against RTN on the same 8 items (no AWQ cells: its pairs are left out)
+    assert "| qcal_nextsent_en | float | 1 | 12 |" in bench
+    assert "| qcal_nextsent_en | gptq | 2 | 12 |" in bench
+    # GPTQ against RTN on the same 12 items (no AWQ cells: its pairs are left out)
     assert "### Methods against each other" in bench and "| qcal_nextsent_en | gptq - rtn |" in bench
     assert "awq - " not in bench and "- **gptq vs rtn** over 1 tasks" in bench
     pairs = json.loads((tmp_path / "bench.json").read_text())["grids"]["grid"]["method_pairs"]
