@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from qcal.commands import add_text_options
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("calib", help="build, show and list calibration sets")
@@ -19,10 +21,7 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--source", default="debian-handbook",
                    help="packaged corpus name, .txt/.jsonl/.parquet file, dataset folder "
                         "(save_to_disk or data files), or hf:<dataset> (see qcal.data)")
-    b.add_argument("--text-field", default="text",
-                   help="the record field that holds the text (JSONL, Parquet, datasets)")
-    b.add_argument("--chat", action="store_true",
-                   help="records are chats: render their 'messages' with the model's chat template")
+    add_text_options(b)
     b.add_argument("--model", default=None, help="model dir whose tokenizer is used (default model)")
     b.add_argument("--n", type=int, default=128, help="number of windows")
     b.add_argument("--seqlen", type=int, default=512, help="tokens per window")

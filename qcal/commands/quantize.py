@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from qcal.commands import add_text_options
 from qcal.config import AWQConfig, ModuleSelection, QuantScheme
 
 
@@ -47,10 +48,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--calib", default="debian-handbook",
                    help="calibration set dir, packaged corpus name, .txt/.jsonl/.parquet file, "
                         "dataset folder (save_to_disk or data files) or hf:<name>")
-    p.add_argument("--text-field", default="text",
-                   help="the record field that holds the text (JSONL, Parquet, datasets)")
-    p.add_argument("--chat", action="store_true",
-                   help="records are chats: render their 'messages' with the model's chat template")
+    add_text_options(p)
     p.add_argument("--selector", default=None,
                    help="selector when --calib is a source (default random); GPTQ/AWQ only")
     p.add_argument("--nsamples", type=int, default=128, help="calibration windows (>= 1)")
