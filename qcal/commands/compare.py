@@ -133,6 +133,9 @@ def check_run_dir(run_dir: Path) -> None:
 
     from qcal.errors import ConfigError
 
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} does not exist; give a folder that `qcal compare` wrote "
+                          "(results/<name>)")
     for path in [run_dir / "grid.json", *sorted((run_dir / "cells").glob("*.json"))]:
         if not path.is_file():
             continue
