@@ -38,7 +38,13 @@ import torch
 from torch import nn
 
 from qcal.errors import ConfigError
-from qcal.model.adapters import LinearizedExperts, adapt_modules, is_conv1d, is_fused_experts
+from qcal.model.adapters import (
+    LinearizedExperts,
+    adapt_modules,
+    is_conv1d,
+    is_fused_experts,
+    iter_adaptable,
+)
 from qcal.model.arch import ArchSpec, ScaleGroup
 from qcal.model.fold import fold_into
 from qcal.model.probe import Trace, layer_output, relative_error, trace_layer
@@ -368,8 +374,9 @@ def _resolve(config: Any, trust_remote_code: bool) -> ArchSpec:
             f"({type(err).__name__}: {str(err).splitlines()[0][:120]})") from None
     path = _layers_path(twin, model_type)
     layers = get_module(twin, path)
+    originals = {name: copy.deepcopy(m) for name, m in iter_adaptable(layers[0])}
     adapted = tuple(adapt_modules(layers[0]))
-    _check_adapters(twin, path, adapted, model_type, trust_remote_code)
+    _check_adapters(layers[0], originals, model_type)
     args, kwargs, prelude = _layer_inputs(twin, layers)
     r = _Resolver(layers[0], args, kwargs, model_type)
     linears, ignored = r.linears()
@@ -389,12 +396,11 @@ def _resolve(config: Any, trust_remote_code: bool) -> ArchSpec:
 
 
 @torch.no_grad()
-def _check_adapters(twin: nn.Module, path: str, adapted: tuple[str, ...], model_type: str,
-                    trust_remote_code: bool) -> None:
-    """Each re-expressed module computes what the original did (checked on a fresh twin)."""
-    fresh = get_module(_twin(twin.config, trust_remote_code), path)[0] if adapted else None
-    for name in adapted:
-        original, new = get_module(fresh, name), get_module(get_module(twin, path)[0], name)
+def _check_adapters(layer: nn.Module, originals: dict[str, nn.Module], model_type: str) -> None:
+    """Each re-expressed module of `layer` computes what its original (a copy taken before
+    the re-expression) did."""
+    for name, original in originals.items():
+        new = get_module(layer, name)
         gen = torch.Generator().manual_seed(3)
         if is_fused_experts(original):
             n, _, hidden = original.gate_up_proj.shape
@@ -418,7 +424,11 @@ def resolve_arch(model: nn.Module) -> ArchSpec:
     """The ArchSpec of `model` (resolved once per config, keyed by its JSON; `OVERRIDES`
     applied), after checking that every decoder layer has layer 0's structure."""
     config = model.config
-    spec = _resolve_cached(config.to_json_string(use_diff=False), type(config))
+    # Keyed by the architecture alone: the same config read from another folder (a skeleton,
+    # then the loaded model; a checkpoint's source) is not resolved again.
+    raw = config.to_dict()
+    raw.pop("_name_or_path", None)
+    spec = _resolve_cached(json.dumps(raw, sort_keys=True, default=str), type(config))
     layers = get_module(model, spec.layers_path)
     first = _signature(layers[0])
     for index, layer in enumerate(layers):
