@@ -23,6 +23,9 @@ from pathlib import Path
 
 import torch
 
+from qcal.model.shards import plan_shards
+from qcal.model.stream import parse_bytes
+
 SHAPES = {
     # layers, hidden, intermediate, heads, kv heads, vocab, tied embeddings
     "tiny": (4, 256, 512, 4, 2, 49152, True),
@@ -32,15 +35,6 @@ SHAPES = {
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "vocab.json", "merges.txt")
 WEIGHT_STD = 0.02
-
-
-def parse_size(text: str) -> int:
-    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-    upper = text.strip().upper()
-    for unit, factor in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if upper.endswith(unit):
-            return int(float(upper[: -len(unit)]) * factor)
-    return int(upper)
 
 
 def tensor_shapes(shape: str) -> dict[str, tuple[int, ...]]:
@@ -79,20 +73,6 @@ def model_config(shape: str, tokenizer_dir: Path) -> dict:
         "bos_token_id": base.get("bos_token_id"), "eos_token_id": base.get("eos_token_id"),
         "torch_dtype": "bfloat16", "initializer_range": WEIGHT_STD,
     }
-
-
-def plan_shards(shapes: dict[str, tuple[int, ...]], shard_bytes: int) -> list[list[str]]:
-    """Tensors in file order, cut into shards of at most `shard_bytes` (one tensor may exceed)."""
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name, shape in shapes.items():
-        nbytes = 2 * math.prod(shape)
-        if shards[-1] and size + nbytes > shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
-    return shards
 
 
 def draw(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
@@ -144,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     shapes = tensor_shapes(args.shape)
-    shards = plan_shards(shapes, parse_size(args.shard_size))
+    entries = [(name, torch.bfloat16, shape) for name, shape in shapes.items()]
+    shards = [[name for name, _, _ in shard]
+              for shard in plan_shards([entries], parse_bytes(args.shard_size, "--shard-size"))]
     gen = torch.Generator().manual_seed(args.seed)
     weight_map: dict[str, str] = {}
     total = 0
