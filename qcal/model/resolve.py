@@ -48,6 +48,7 @@ from qcal.model.adapters import (
 from qcal.model.arch import ArchSpec, ScaleGroup
 from qcal.model.fold import fold_into
 from qcal.model.probe import Trace, layer_output, relative_error, trace_layer
+from qcal.model.twin import build_twin, layer0_inputs
 from qcal.module_tree import get_module
 from qcal.packing.qlinear import QuantLinear
 
@@ -63,7 +64,6 @@ PAIRS = (("v_proj", "o_proj"), ("up_proj", "down_proj"), ("w3", "w2"))
 # Linears whose outputs meet in the softmax: AWQ leaves them unclipped, as the reference does.
 CLIP_SKIP_LEAVES = ("q_proj", "k_proj", "query", "key", "qkv_proj", "query_key_value", "Wqkv",
                     "c_attn")
-PROBE_TOKENS = 16
 EXACT = 1e-4  # relative output change a fold may cause by rounding alone (float64 probe)
 
 
@@ -104,66 +104,6 @@ def _signature(layer: nn.Module) -> tuple[Any, ...]:
             out.append((name, type(m).__name__,
                         tuple(tuple(p.shape) for p in m.parameters(recurse=False))))
     return tuple(out)
-
-
-def _twin(config: Any, trust_remote_code: bool) -> nn.Module:
-    """A one-layer copy of the architecture with random weights, float64, on the CPU."""
-    from transformers import AutoModelForCausalLM
-
-    cfg = copy.deepcopy(config)
-    cfg.num_hidden_layers = 1
-    if isinstance(getattr(cfg, "layer_types", None), list):
-        cfg.layer_types = cfg.layer_types[:1]
-    if hasattr(cfg, "_experts_implementation"):
-        cfg._experts_implementation = "eager"  # the reference loop; fused kernels lack float64
-    torch.manual_seed(0)
-    twin = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code,
-                                            dtype=torch.float64)
-    with torch.no_grad():
-        for name, p in twin.named_parameters():
-            if p.dim() == 1 and name.endswith("weight"):
-                p.uniform_(0.5, 1.5)  # norms far from their init, as trained ones are
-            elif p.dim() == 1:
-                p.uniform_(-0.1, 0.1)
-    return twin.eval()
-
-
-class _Stop(Exception):
-    pass
-
-
-def _layer_inputs(twin: nn.Module, layers: nn.ModuleList
-                  ) -> tuple[tuple[Any, ...], dict[str, Any], list[str]]:
-    """Layer 0's args and kwargs for a few tokens, and the modules that ran before it."""
-    got: dict[str, Any] = {}
-    done: list[str] = []
-    inside = {id(m) for m in layers.modules()}
-    handles = []
-
-    def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        got["args"], got["kwargs"] = args, dict(kwargs)
-        raise _Stop
-
-    for name, module in twin.named_modules():
-        if name and id(module) not in inside:
-            handles.append(module.register_forward_hook(
-                lambda m, a, o, name=name: done.append(name)))
-    handles.append(layers[0].register_forward_pre_hook(pre, with_kwargs=True))
-    vocab = int(twin.get_input_embeddings().weight.shape[0])
-    ids = torch.arange(PROBE_TOKENS).remainder(vocab)[None]
-    try:
-        twin(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    if "args" not in got:
-        raise UnsupportedArchitecture("the model's forward never reached its first decoder layer")
-    for key in ("past_key_values", "past_key_value", "cache", "use_cache"):
-        got["kwargs"].pop(key, None)
-    prelude = [n for n in done if not any(n.startswith(p + ".") for p in done if p != n)]
-    return tuple(got["args"]), got["kwargs"], prelude
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -367,7 +307,7 @@ def _resolve_cached(config_json: str, config_cls: type) -> ArchSpec:
 def _resolve(config: Any, trust_remote_code: bool) -> ArchSpec:
     model_type = str(getattr(config, "model_type", "?"))
     try:
-        twin = _twin(config, trust_remote_code)
+        twin = build_twin(config, trust_remote_code)
     except Exception as err:  # transformers cannot build this class at all
         raise UnsupportedArchitecture(
             f"cannot build model type {model_type!r} to resolve its architecture "
@@ -377,7 +317,10 @@ def _resolve(config: Any, trust_remote_code: bool) -> ArchSpec:
     originals = {name: copy.deepcopy(m) for name, m in iter_adaptable(layers[0])}
     adapted = tuple(adapt_modules(layers[0]))
     _check_adapters(layers[0], originals, model_type)
-    args, kwargs, prelude = _layer_inputs(twin, layers)
+    reached = layer0_inputs(twin, layers)
+    if reached is None:
+        raise UnsupportedArchitecture("the model's forward never reached its first decoder layer")
+    args, kwargs, prelude = reached
     r = _Resolver(layers[0], args, kwargs, model_type)
     linears, ignored = r.linears()
     if not linears:

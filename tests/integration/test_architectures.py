@@ -19,8 +19,9 @@ from qcal.config import QuantScheme
 from qcal.model.adapters import LinearizedExperts, is_conv1d, is_fused_experts
 from qcal.model.arch import LLAMA_LIKE, ScaleGroup
 from qcal.model.loading import load_tokenizer
-from qcal.model.resolve import _layer_inputs, _Resolver, _twin, resolve_arch
+from qcal.model.resolve import _Resolver, resolve_arch
 from qcal.model.tiny import TINY_FAMILIES, build_tiny_family, stdlib_text
+from qcal.model.twin import build_twin, layer0_inputs
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +55,7 @@ def _config(family: str, **overrides):
     cls = getattr(transformers, cls_name, None)
     if cls is None:
         pytest.skip(f"transformers has no {cls_name}")
-    return cls(vocab_size=512, pad_token_id=0, **{**kwargs, **overrides})
+    return cls(**{"vocab_size": 512, "pad_token_id": 0, **kwargs, **overrides})
 
 
 def _skeleton(config) -> nn.Module:
@@ -95,10 +96,26 @@ def test_llama_resolves_to_the_reference_spec() -> None:
 
 
 def _resolver(family: str) -> _Resolver:
-    twin = _twin(_config(family), False)
+    twin = build_twin(_config(family), False)
     layers = twin.get_submodule("model.layers")
-    args, kwargs, _ = _layer_inputs(twin, layers)
+    reached = layer0_inputs(twin, layers)
+    assert reached is not None
+    args, kwargs, _ = reached
     return _Resolver(layers[0], args, kwargs, family)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "mixtral"])
+def test_the_twin_has_a_small_vocabulary_and_the_same_spec(family: str) -> None:
+    """The twin's embedding is TWIN_VOCAB rows whatever the model's vocabulary (an 8B model's
+    would cost 3.2 GB in float64), and the spec does not depend on the vocabulary."""
+    from qcal.model.resolve import _resolve
+    from qcal.model.twin import TWIN_VOCAB
+
+    big = _config(family, vocab_size=5000, pad_token_id=4999)
+    twin = build_twin(big, False)
+    assert twin.get_input_embeddings().weight.shape[0] == TWIN_VOCAB
+    assert big.vocab_size == 5000 and big.pad_token_id == 4999  # the model's config is untouched
+    assert _resolve(big, False) == _resolve(_config(family), False)
 
 
 def test_the_fold_probe_rejects_a_wrong_fold() -> None:
