@@ -37,6 +37,7 @@ from qcal.packing.checkpoint import (
     _state_for_disk,
     convert_quant_state,
     model_float_dtype,
+    on_disk,
     other_format_config,
     quant_modules,
     quantization_config,
@@ -205,8 +206,9 @@ def save_streamed_checkpoint(
                 found["actorder"] = convert_quant_state(state, layers[index], fmt, sym, dtype,
                                                         prefix) or found["actorder"]
             free_layer(layers, index)
-            yield state
-        yield from _outside_tensors(model, arch, weights, dtype, tied)
+            yield on_disk(state, model.config)
+        for outside in _outside_tensors(model, arch, weights, dtype, tied):
+            yield on_disk(outside, model.config)
 
     def fill(tmp: Path) -> None:
         write_sharded(tmp, produce, shard_bytes)

@@ -26,6 +26,7 @@ from torch import nn
 from qcal.errors import CheckpointError, ModelNotFoundError
 from qcal.fsio import write_dir_atomically
 from qcal.module_tree import get_module, set_module
+from qcal.packing.naming import config_names, disk_namer, memory_namer
 from qcal.packing.qlinear import QuantLinear
 
 WEIGHTS_NAME = "model.safetensors"
@@ -117,12 +118,20 @@ def save_checkpoint(
     else:
         state, qcfg = _other_format_state(model, fmt, sym, fields or {})
 
+    state = on_disk(state, model.config)
+
     def fill(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         write_side_files(tmp, model, qcfg, fmt, tokenizer, extra_files)
 
     write_dir_atomically(Path(out_dir), fill, CHECKPOINT_KIND)
     return Path(out_dir)
+
+
+def on_disk(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """`state` under the names the model's original checkpoints use (qcal.packing.naming)."""
+    name = disk_namer(*config_names(config))
+    return {name(k): v for k, v in state.items()}
 
 
 def write_side_files(tmp: Path, model: nn.Module, qcfg: dict[str, Any], fmt: str,
@@ -297,7 +306,9 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     if unpackable:
         raise CheckpointError(f"{path}/config.json says bits={unpackable[0]}; qcal's checkpoints "
                               f"hold {PACKABLE_BITS}-bit weights: fix config.json or re-create it")
-    state = _read_tensors(path)
+    # Original checkpoint names (Mixtral's block_sparse_moe.experts.<i>.w1, ...) -> qcal's.
+    to_memory = memory_namer(str(raw.get("model_type", "")), (raw.get("architectures") or [None])[0])
+    state = {to_memory(k): v for k, v in _read_tensors(path).items()}
     fmt = qcfg.get("checkpoint_format", "gptq")
     if method != "gptq":
         state, fmt = _as_gptq_state(state, method, scheme_of), "gptq_v2"
