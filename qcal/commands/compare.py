@@ -63,7 +63,8 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--title", default=None, help="report title (default: the run's name)")
     r.add_argument("--study", default=None,
                    help="render this study's report: zipcal, multilingual, confidence (with "
-                        "benchmarks) or selection")
+                        "benchmarks), selection, the method tables baseline, gptq and awq, "
+                        "or reliability (runs the bad-input suite)")
     r.add_argument("--out", type=Path, default=None,
                    help="with --study: the report's path without suffix (default under results/)")
     r.add_argument("--bench-grid", type=Path, action="append", default=None,
