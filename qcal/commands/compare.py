@@ -64,7 +64,8 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--study", default=None,
                    help="render this study's report: zipcal, multilingual, confidence (with "
                         "benchmarks), selection, the method tables baseline, gptq and awq, "
-                        "or reliability (runs the bad-input suite)")
+                        "reliability (runs the bad-input suite) or lambada-items (completes "
+                        "older benchmark cells from their score stores)")
     r.add_argument("--out", type=Path, default=None,
                    help="with --study: the report's path without suffix (default under results/)")
     r.add_argument("--bench-grid", type=Path, action="append", default=None,

@@ -21,6 +21,7 @@ STUDIES = {
     "gptq": "qcal.studies.method_tables:render_gptq_study",
     "awq": "qcal.studies.method_tables:render_awq_study",
     "reliability": "qcal.studies.reliability:render",  # runs the bad-input suite first
+    "lambada-items": "qcal.studies.lambada_items:render",  # completes cells, renders nothing
 }
 
 
