@@ -13,7 +13,7 @@ max |logit|, top-1 agreement). Writes results/interop.{json,md}.
 
     python scripts/interop_matrix.py [--nsamples 4 --calib-seqlen 128]
 
-GPTQModel (its own venv) is measured by scripts/bench_gptq_vs_peer.py; vLLM needs a CUDA
+GPTQModel (its own venv) is measured by scripts/bench_peers.py --loaders; vLLM needs a CUDA
 GPU and is listed as not run here.
 """
 
