@@ -37,7 +37,13 @@ import torch
 from qcal.config import QuantScheme
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import (
+    load_average,
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    write_results,
+)
 
 PROMPT = ("The Debian Administrator's Handbook explains how to install, configure and maintain "
           "a Debian system. In this chapter we look at")
@@ -248,7 +254,7 @@ def e2e_decode(args: argparse.Namespace) -> dict:
 
 def cpu_part(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
+    load_before = load_average()
     section: dict[str, Any] = {"matmul": cpu_matmuls(args.repeats)}
     if not args.skip_e2e:
         section["decode"] = e2e_decode(args)
@@ -258,7 +264,7 @@ def cpu_part(args: argparse.Namespace) -> dict:
         if old.get("decode"):
             section["decode"] = old["decode"]
             section["decode_provenance"] = old.get("decode_provenance", old.get("provenance"))
-    load_after = os.getloadavg()
+    load_after = load_average()
     section["provenance"] = provenance(
         model="models/smollm2-135m-instruct (SmolLM2-135M-Instruct, float32, itself dequantized from Q4_1)",
         data="random weights/activations for the matmuls; PROMPT in scripts/bench_kernels.py for decode",

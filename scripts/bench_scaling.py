@@ -23,13 +23,7 @@ from qcal.eval.job import run_evaluation
 from qcal.packing.checkpoint import load_checkpoint, quant_modules
 from qcal.packing.formats import codes_of
 from qcal.paths import results_dir, runs_dir
-from qcal.results import (
-    markdown_table,
-    provenance,
-    provenance_markdown,
-    timed_command,
-    write_results,
-)
+from qcal.studies.bench import markdown_table, provenance, provenance_markdown, timed, write_results
 
 
 def identical_codes(a: Path, b: Path) -> float:
@@ -55,8 +49,7 @@ def main() -> None:
         out = work / f"gptq-nproc{n}"
         cmd = ["quantize", "--method", "gptq", "--nsamples", str(args.nsamples), "--seqlen", "512",
                "--nproc", str(n), "--device", "cpu", "-o", str(out), "--overwrite"]
-        print("$ qcal", " ".join(cmd), flush=True)
-        run = timed_command([*command_prefix(), *cmd])
+        run = timed([*command_prefix(), *cmd])
         if run["returncode"] != 0:
             raise SystemExit(f"qcal quantize --nproc {n} failed:\n{run['error_tail']}")
         log = json.loads((out / "quant_log.json").read_text())

@@ -22,12 +22,17 @@ and says whether old and new scoring chose the same windows.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import (
+    load_average,
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +58,7 @@ def select(tokenizer: Any, arm: str, n: int, seed: int) -> dict[str, Any]:
     if arm.endswith("transposed CE"):
         ppl_module.next_token_nll = transposed_nll
     try:
-        load = [round(x, 2) for x in os.getloadavg()]
+        load = load_average()
         calib = resolve_calib(SOURCE, tokenizer, nsamples=n, seqlen=SEQLEN, seed=seed,
                               selector=ARMS[arm])
     finally:

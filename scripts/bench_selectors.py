@@ -15,7 +15,6 @@ selected sets' lexical statistics are reported beside a random baseline.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -31,7 +30,14 @@ from qcal.calib.random_sel import RandomSelector
 from qcal.calib.windows import WindowPool, build_windows
 from qcal.calib.zipf import ZipfSelector
 from qcal.errors import QcalError
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import (
+    clock,
+    load_average,
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    write_results,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,33 +81,27 @@ def set_stats(pool: WindowPool, indices: list[int]) -> dict[str, Any]:
             "zipf_exponent": st["zipf"]["exponent"], "languages": st["per_language_tokens"]}
 
 
-def timed(fn: Any) -> tuple[Any, float]:
-    started = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - started
-
-
 def main(argv: list[str] | None = None) -> int:
     from qcal.model.loading import load_model
 
     args = parse_args(argv)
     if args.docs < 2000:
         print("note: the benchmark's claim needs --docs >= 2000", file=sys.stderr)
-    (net, tokenizer, model_path), load_s = timed(lambda: load_model(args.model))
+    (net, tokenizer, model_path), load_s = clock(lambda: load_model(args.model))
     pool, pool_info = load_pool(args, tokenizer)
     print(f"pool: {pool_info}", flush=True)
 
     zipf = ZipfSelector()
     zipf_runs = []
     for _ in range(max(1, args.zipf_repeats)):
-        zsel, secs = timed(lambda: zipf.select(pool, args.n, args.seed))
+        zsel, secs = clock(lambda: zipf.select(pool, args.n, args.seed))
         zipf_runs.append(secs)
     print(f"zipf: {zipf_runs}", flush=True)
 
     ppl = PerplexitySelector(mode="low", batch_size=args.batch_size, score_tokens=args.seqlen,
                              model=net)
     with torch.inference_mode():
-        psel, ppl_s = timed(lambda: ppl.select(pool, args.n, args.seed))
+        psel, ppl_s = clock(lambda: ppl.select(pool, args.n, args.seed))
     print(f"perplexity: {ppl_s:.1f} s", flush=True)
 
     zipf_first, zipf_median = zipf_runs[0], statistics.median(zipf_runs)
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     timing["speedup_end_to_end"] = round((win_s + load_s + ppl_s) / (win_s + zipf_first), 1)
     prov = provenance(model=str(model_path), data=f"{args.source} calib split, langs {args.langs}",
                       torch_threads=torch.get_num_threads(),
-                      load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
+                      load_average=load_average())
     setting = {"n": args.n, "seqlen": args.seqlen, "score_tokens": args.seqlen,
                "batch_size": args.batch_size, "seed": args.seed, "zipf_pool_size": zipf.pool_size}
     data = {"provenance": prov, "setting": setting, "pool": pool_info, "timing": timing,

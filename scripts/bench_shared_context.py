@@ -16,21 +16,22 @@ predicted answer differs, lm-eval's acc of both).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import (
+    load_average,
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 TASKS = ["arc_easy", "boolq", "piqa", "hellaswag", "multiemo_en", "multiemo_pl"]
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def bench_model(name: str, limit: int, first_shared: bool) -> dict[str, Any]:
@@ -41,12 +42,12 @@ def bench_model(name: str, limit: int, first_shared: bool) -> dict[str, Any]:
     tm = task_manager(names=TASKS)
     runs: dict[str, Any] = {}
     for shared in ([True, False] if first_shared else [False, True]):
-        before = _load()
+        before = load_average()
         start = time.perf_counter()
         run = run_tasks(model, tok, TASKS, tm, batch_size=16, limit=limit, share_contexts=shared)
         runs["shared" if shared else "lm_eval"] = {
             "seconds": round(time.perf_counter() - start, 1), "load_before": before,
-            "load_after": _load(), "run": run}
+            "load_after": load_average(), "run": run}
     plain, shared_run = runs["lm_eval"]["run"], runs["shared"]["run"]
     per_task = {}
     for task in TASKS:

@@ -15,13 +15,18 @@ included, the two ways interleaved in one process.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import (
+    load_average,
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,9 +80,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "window_nll")
     args = p.parse_args()
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     models = [bench_model(m, args.windows, args.repeats) for m in args.models.split(",")]
-    load_after = [round(x, 2) for x in os.getloadavg()]
+    load_after = load_average()
     rows = [[m["model"], m["vocab"], m["batches"] * m["repeats"],
              f"{m['median']['flattened']:.2f}", f"{m['median']['row by row']:.2f}",
              f"{m['median']['flattened'] / m['median']['row by row']:.2f}x",

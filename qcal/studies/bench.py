@@ -6,7 +6,8 @@ subprocesses, the load average, provenance.
   subprocess step is run again, and a work folder of another setting is refused.
 - `timed`: one command under GNU `/usr/bin/time -v` (`qcal.results.timed_command`: wall,
   user and system seconds, peak RSS, load average before and after), echoed as it starts.
-- `load_average`: the 1/5/15-minute load, rounded, for in-process timings.
+- `load_average`: the 1/5/15-minute load, rounded, for in-process timings; `clock`: one
+  in-process call's result and wall seconds.
 - `provenance`, `provenance_markdown`, `markdown_table`, `write_results`: what every results/
   table carries (command, date, git commit, machine with its load average, torch).
 """
@@ -17,6 +18,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,13 +32,20 @@ from qcal.results import (
     write_results,
 )
 
-__all__ = ["Steps", "load_average", "markdown_table", "provenance", "provenance_markdown",
+__all__ = ["Steps", "clock", "load_average", "markdown_table", "provenance", "provenance_markdown",
            "timed", "write_results"]
 
 
 def load_average() -> list[float] | None:
     """The 1, 5 and 15-minute load average (None where the OS has none)."""
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def clock(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """`fn()` and the wall seconds it took (perf_counter)."""
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None,
