@@ -23,6 +23,7 @@ STUDIES = {
     "reliability": "qcal.studies.reliability:render",  # runs the bad-input suite first
     "lambada-items": "qcal.studies.lambada_items:render",  # completes cells, renders nothing
     "architectures": "qcal.studies.architectures:render_study",  # quantizes tiny families
+    "kernels": "qcal.studies.kernels_report:render_study",  # from scripts/bench_kernels.py
     "peers": "qcal.studies.peers_report:render_speed_study",  # from scripts/bench_peers.py
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
 }

@@ -1,6 +1,6 @@
 """The benchmark harness (qcal.studies.bench) and the peer benchmark's tables: cached steps
 resume, failed subprocess steps run again, another setting is refused; the committed peer
-tables render again from their JSON byte for byte."""
+tables and the kernel table render again from their JSON byte for byte."""
 
 from __future__ import annotations
 
@@ -54,3 +54,9 @@ def test_peer_tables_render_again_from_their_json(study: str, stem: str, tmp_pat
 def test_peer_table_without_its_json_is_refused(tmp_path: Path) -> None:
     assert main(["report", "--study", "peers", "--out", str(tmp_path / "peers")]) == 2
     assert not (tmp_path / "peers.md").exists()
+
+
+def test_kernel_table_renders_again_from_its_json(tmp_path: Path) -> None:
+    shutil.copy(RESULTS / "kernels.json", tmp_path / "kernels.json")
+    assert main(["report", "--study", "kernels", "--out", str(tmp_path / "kernels")]) == 0
+    assert (tmp_path / "kernels.md").read_bytes() == (RESULTS / "kernels.md").read_bytes()
