@@ -5,7 +5,8 @@ QCAL ?= $(VENV)/bin/qcal
 # Extra `qcal compare` options for the grid targets, e.g. make benchmark-grids ARGS="--jobs 2".
 ARGS ?=
 
-.PHONY: setup test test-fast lint quantize eval benchmark-grids study-grids eval-example
+.PHONY: setup test test-fast lint quantize eval benchmark-grids study-grids eval-example \
+	evidence-studies
 
 setup:
 	bash scripts/setup.sh
@@ -42,8 +43,7 @@ benchmark-grids:
 # configs/multilingual_grid.yaml (5 single-language sets + 3 mixes x RTN, GPTQ, AWQ;
 # perplexity in six languages) and configs/zipcal_grid.yaml (random vs zipf vs perplexity
 # selection x RTN, GPTQ, AWQ; English perplexity and the next-sentence task with confidence).
-# Budget for a 2-core CPU; the seeded issue-15 studies (scripts/run_evidence_studies.sh)
-# supersede them.
+# Budget for a 2-core CPU; the seeded issue-15 studies (make evidence-studies) supersede them.
 study-grids:
 	$(QCAL) compare --config configs/multilingual_grid.yaml $(ARGS)
 	$(QCAL) compare --config configs/zipcal_grid.yaml $(ARGS)
@@ -65,3 +65,30 @@ eval-example:
 	$(QCAL) eval --model $(RTN_CKPT) --base models/smollm2-135m-instruct --ppl \
 	  --langs $(EVAL_LANGS) --max-windows $(MAX_WINDOWS) --tasks $(TASKS) \
 	  $(if $(LIMIT),--limit $(LIMIT)) --confidence -o $(OUT)
+
+# The studies of issue 15 at a budget that can carry a conclusion, as resumable grids, then
+# their tables (seeds, 95% intervals, paired tests, findings against the papers):
+#   configs/study_multilingual{,_gemma3}.yaml -> results/multilingual.{md,json}
+#   configs/study_zipcal{,_gemma3}.yaml       -> results/zipcal.{md,json}
+#   configs/study_confidence{,_gemma3}.yaml   -> results/confidence.{md,json}
+#   configs/study_benchmarks{,_gemma3}.yaml   -> results/benchmarks.{md,json}
+#   configs/study_lambada_seeds.yaml          -> LAMBADA in results/benchmarks.md (3 draws)
+# Finished cells are never recomputed, so it can run across sessions; many hours on a 2-core
+# CPU. STUDIES="study_multilingual" limits the grids run. The seeded studies on both models
+# come first, the single-draw benchmark grids last. A grid that fails does not hold up the
+# others; the tables are rendered from the cells that exist, and the exit status says so.
+STUDIES ?= study_multilingual study_zipcal study_confidence study_multilingual_gemma3 \
+  study_zipcal_gemma3 study_confidence_gemma3 study_benchmarks study_benchmarks_gemma3 \
+  study_lambada_seeds
+evidence-studies:
+	@set -e; failed=""; \
+	for grid in $(STUDIES); do \
+	  $(QCAL) compare --config configs/$$grid.yaml $(ARGS) || failed="$$failed $$grid"; done; \
+	grids() { for g in results/$$1 results/$${1}_gemma3; do if [ -d $$g/cells ]; then \
+	  if [ -n "$${2:-}" ]; then printf -- '--%s ' "$$2"; fi; printf '%s ' $$g; fi; done; }; \
+	$(QCAL) report $$(grids study_multilingual) --study multilingual; \
+	$(QCAL) report $$(grids study_zipcal) --study zipcal; \
+	$(QCAL) report $$(grids study_confidence) --study confidence \
+	  $$(grids study_benchmarks bench-grid) $$(grids study_lambada_seeds bench-grid); \
+	if [ -n "$$failed" ]; then \
+	  echo "evidence-studies: these grids stopped with an error:$$failed" >&2; exit 1; fi

@@ -3,7 +3,7 @@
 Reads the cells of the two grids run by `make study-grids`
 (results/multilingual_grid, results/zipcal_grid) and writes tables.{md,json} beside
 each grid's cells. (results/multilingual.md and results/zipcal.md belong to the seeded
-issue-15 studies, scripts/run_evidence_studies.sh, which supersede these.) Every number comes
+issue-15 studies, `make evidence-studies`, which supersede these.) Every number comes
 from the grid's cells (and, for selection cost, results/selectors.json); the
 comparison with the published findings is computed from those numbers.
 Run: qcal report --study selection [results/multilingual_grid results/zipcal_grid]
