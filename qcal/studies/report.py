@@ -24,6 +24,8 @@ STUDIES = {
     "lambada-items": "qcal.studies.lambada_items:render",  # completes cells, renders nothing
     "architectures": "qcal.studies.architectures:render_study",  # quantizes tiny families
     "kernels": "qcal.studies.kernels_report:render_study",  # from scripts/bench_kernels.py
+    "window-nll": "qcal.studies.bench_tables:window_nll_study",
+    "shared-context": "qcal.studies.bench_tables:shared_context_study",
     "peers": "qcal.studies.peers_report:render_speed_study",  # from scripts/bench_peers.py
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
 }

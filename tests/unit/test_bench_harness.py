@@ -1,6 +1,6 @@
 """The benchmark harness (qcal.studies.bench) and the peer benchmark's tables: cached steps
 resume, failed subprocess steps run again, another setting is refused; the committed peer
-tables and the kernel table render again from their JSON byte for byte."""
+tables and the other benchmark tables render again from their JSON byte for byte."""
 
 from __future__ import annotations
 
@@ -56,7 +56,11 @@ def test_peer_table_without_its_json_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "peers.md").exists()
 
 
-def test_kernel_table_renders_again_from_its_json(tmp_path: Path) -> None:
-    shutil.copy(RESULTS / "kernels.json", tmp_path / "kernels.json")
-    assert main(["report", "--study", "kernels", "--out", str(tmp_path / "kernels")]) == 0
-    assert (tmp_path / "kernels.md").read_bytes() == (RESULTS / "kernels.md").read_bytes()
+@pytest.mark.parametrize(("study", "stem"), [("kernels", "kernels"), ("window-nll", "window_nll"),
+                                             ("shared-context", "shared_context")])
+def test_benchmark_tables_render_again_from_their_json(study: str, stem: str,
+                                                       tmp_path: Path) -> None:
+    shutil.copy(RESULTS / f"{stem}.json", tmp_path / f"{stem}.json")
+    assert main(["report", "--study", study, "--out", str(tmp_path / stem)]) == 0
+    assert (tmp_path / f"{stem}.md").read_bytes() == (RESULTS / f"{stem}.md").read_bytes()
+    assert (tmp_path / f"{stem}.json").read_bytes() == (RESULTS / f"{stem}.json").read_bytes()
