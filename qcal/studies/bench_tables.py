@@ -3,6 +3,8 @@ can be written again without rerunning the measurement):
 
     qcal report --study window-nll       [--out results/window_nll]      (scripts/bench_window_nll.py)
     qcal report --study shared-context   [--out results/shared_context]  (scripts/bench_shared_context.py)
+    qcal report --study selection-cost   [--out results/selection_cost]  (scripts/bench_selection_cost.py)
+    qcal report --study scaling          [--out results/scaling]         (scripts/bench_scaling.py)
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from typing import Any
 from qcal.results import markdown_table, provenance_markdown, write_results
 
 SEQLEN, BATCH = 512, 4  # the perplexity evaluation's windows and batch
+SELECTION_SOURCE = "debian-handbook"  # the study_zipcal grids' pool
+SELECTION_ARMS = {"zipf": "zipf:pool_size=256",
+                  "perplexity": "perplexity:max_candidates=256,score_tokens=128",
+                  "perplexity, transposed CE": "perplexity:max_candidates=256,score_tokens=128"}
 
 
 def render_window_nll(data: dict[str, Any]) -> str:
@@ -65,6 +71,65 @@ def render_shared_context(data: dict[str, Any]) -> str:
     ])
 
 
+def render_selection_cost(data: dict[str, Any]) -> str:
+    from statistics import median
+
+    rows = []
+    for m in data["models"]:
+        med = m["median_seconds"]
+        loads = [r["reference_load_seconds"] for r in m["runs"]
+                 if r["reference_load_seconds"] is not None]
+        rows.append([m["model"], len(m["runs"]) // len(SELECTION_ARMS), f"{med['zipf']:.3f}",
+                     f"{med['perplexity']:.1f}", f"{med['perplexity, transposed CE']:.1f}",
+                     f"{median(loads):.1f}" if loads else "-",
+                     f"{med['perplexity'] / med['zipf']:.0f}x",
+                     f"{med['perplexity, transposed CE'] / med['zipf']:.0f}x",
+                     f"{med['perplexity, transposed CE'] / med['perplexity']:.2f}x",
+                     f"{m['same_selection']} of {m['compared']}"])
+    return "\n\n".join([
+        "# Selection cost: zipf vs perplexity-based selection (ZipCal grid settings)",
+        provenance_markdown(data["provenance"]),
+        f"Pool: English windows of {SEQLEN} tokens from {SELECTION_SOURCE} (calib split), as the "
+        "study_zipcal grids draw them. zipf: `pool_size=256` (a random 256 candidates per "
+        "greedy step); perplexity: `max_candidates=256,score_tokens=128` (the reference model, "
+        "loaded from the model directory as a grid cell does, scores the first 128 tokens of "
+        "256 random candidates). Seconds: the selection step as the calibration manifest "
+        "records it (perplexity's includes loading its reference model; that load is also "
+        "shown alone); median over the draws (seeds x nsamples), arms interleaved in one "
+        "process. `transposed CE`: the scoring the default model's study_zipcal cells were "
+        "selected with; same selection: draws where old and new scoring chose the same "
+        "windows (by manifest digest).",
+        markdown_table(["model", "draws", "zipf s", "perplexity s", "perplexity s (transposed "
+                        "CE)", "of which model load s", "perplexity / zipf",
+                        "as the grid ran it", "old / new scoring", "same selection"], rows)])
+
+
+def render_scaling(data: dict[str, Any]) -> str:
+    runs = data["runs"]
+    first = runs[next(iter(runs))]
+    rows = [[n, r["wall_seconds"], r["quantize_seconds"],
+             first["quantize_seconds"] / r["quantize_seconds"], r["max_rss_mib"], r["ppl_en"],
+             100 * (r["ppl_en"] / first["ppl_en"] - 1), r["identical_codes_vs_first"],
+             f"{r['load_before']} / {r['load_after']}"] for n, r in runs.items()]
+    return "\n\n".join([
+        "# Data-parallel GPTQ: 1 vs N processes (torchrun, gloo, CPU)",
+        provenance_markdown(data["provenance"]),
+        markdown_table(["processes", "wall s", "quantize s", "speed-up", "peak RSS MiB", "ppl (en)",
+                        "ppl change %", "identical codes", "load before / after"], rows, ".3f"),
+        "How it scales: each process runs the current layer's forward passes on its share of "
+        "the calibration windows (the part that divides by N), the Hessians are summed "
+        "(one all-reduce of in_features^2 floats per distinct input, a few per layer), and "
+        "each linear is quantized by one owner process (so the column loops of a layer's "
+        "linears run side by side, up to the number of linears per step). Every process "
+        "loads the model and builds the calibration set itself. On this 2-core machine two "
+        "processes share two cores that one process already used (torch's intra-op threads), "
+        "so little or no speed-up is the expected outcome here; the design targets one "
+        "accelerator per process. Codes differ where the summation order of the Hessians "
+        "differs (float32), which moves a few rounding decisions; the perplexity column "
+        "shows what that costs.",
+    ])
+
+
 def _rerender(name: str, stem: str, render: Callable[[dict[str, Any]], str],
               grids: list[Path], out: Path | None) -> None:
     from qcal.errors import ConfigError
@@ -88,3 +153,11 @@ def window_nll_study(grids: list[Path], out: Path | None = None) -> None:
 
 def shared_context_study(grids: list[Path], out: Path | None = None) -> None:
     _rerender("shared-context", "shared_context", render_shared_context, grids, out)
+
+
+def selection_cost_study(grids: list[Path], out: Path | None = None) -> None:
+    _rerender("selection-cost", "selection_cost", render_selection_cost, grids, out)
+
+
+def scaling_study(grids: list[Path], out: Path | None = None) -> None:
+    _rerender("scaling", "scaling", render_scaling, grids, out)

@@ -26,6 +26,8 @@ STUDIES = {
     "kernels": "qcal.studies.kernels_report:render_study",  # from scripts/bench_kernels.py
     "window-nll": "qcal.studies.bench_tables:window_nll_study",
     "shared-context": "qcal.studies.bench_tables:shared_context_study",
+    "selection-cost": "qcal.studies.bench_tables:selection_cost_study",
+    "scaling": "qcal.studies.bench_tables:scaling_study",
     "peers": "qcal.studies.peers_report:render_speed_study",  # from scripts/bench_peers.py
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
 }
