@@ -30,14 +30,8 @@ from qcal.calib.random_sel import RandomSelector
 from qcal.calib.windows import WindowPool, build_windows
 from qcal.calib.zipf import ZipfSelector
 from qcal.errors import QcalError
-from qcal.studies.bench import (
-    clock,
-    load_average,
-    markdown_table,
-    provenance,
-    provenance_markdown,
-    write_results,
-)
+from qcal.studies.bench import clock, load_average, provenance, write_results
+from qcal.studies.bench_tables import render_selectors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,33 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance(model=str(model_path), data=f"{args.source} calib split, langs {args.langs}",
                       torch_threads=torch.get_num_threads(),
                       load_average=load_average())
-    setting = {"n": args.n, "seqlen": args.seqlen, "score_tokens": args.seqlen,
+    setting = {"source": args.source, "n": args.n, "seqlen": args.seqlen, "score_tokens": args.seqlen,
                "batch_size": args.batch_size, "seed": args.seed, "zipf_pool_size": zipf.pool_size}
     data = {"provenance": prov, "setting": setting, "pool": pool_info, "timing": timing,
             "selected": {"zipf": zsel.info, "perplexity": psel.info}, "sets": sets}
 
-    rows = [["zipf (greedy concept coverage)", f"{zipf_first:.3f}", f"{zipf_median:.3f}"],
-            ["perplexity, low (float model scores every window)", f"{ppl_s:.1f}", "-"]]
-    set_rows = [[k, v["types"], v["type_token_ratio"], v["zipf_exponent"]] for k, v in sets.items()]
-    md = "\n\n".join([
-        "# Selector wall time: zipf vs perplexity",
-        f"Pool: {pool_info['documents']} documents of {args.source} ({pool_info['documents_per_language']}"
-        f"), {pool_info['windows']} candidate windows of {args.seqlen} tokens (one per document, "
-        f"short documents packed). Both select n={args.n} from the same pool. Timed: "
-        "`select()` only (zipf: concept mapping + greedy coverage; perplexity: scoring every "
-        f"window with the float model in batches of {args.batch_size}, then ranking). Model load "
-        f"({load_s:.1f} s) and windowing ({pool_info['windowing_seconds']} s) are shared and not timed.",
-        markdown_table(["selector", "first run (s)", f"median of {len(zipf_runs)} (s)"], rows),
-        f"**Speed-up of zipf over perplexity: {timing['speedup_first']}x** (first zipf run), "
-        f"{timing['speedup_median']}x (median zipf run); end to end from documents (windowing for "
-        f"both, model load for perplexity): {timing['speedup_end_to_end']}x.",
-        "## Selected sets (n x seqlen tokens each)",
-        markdown_table(["set", "distinct types", "type/token ratio", "Zipf exponent"], set_rows,
-                       floatfmt=".4f"),
-        "## Provenance", provenance_markdown(prov),
-    ])
-    write_results(Path(args.out), data, md)
-    print(md)
+    write_results(Path(args.out), data, render_selectors(data))
+    print(f"wrote {args.out}.md")
     return 0
 
 

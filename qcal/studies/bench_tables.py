@@ -5,6 +5,7 @@ can be written again without rerunning the measurement):
     qcal report --study shared-context   [--out results/shared_context]  (scripts/bench_shared_context.py)
     qcal report --study selection-cost   [--out results/selection_cost]  (scripts/bench_selection_cost.py)
     qcal report --study scaling          [--out results/scaling]         (scripts/bench_scaling.py)
+    qcal report --study selectors        [--out results/selectors]       (scripts/bench_selectors.py)
 """
 
 from __future__ import annotations
@@ -130,6 +131,35 @@ def render_scaling(data: dict[str, Any]) -> str:
     ])
 
 
+def render_selectors(data: dict[str, Any]) -> str:
+    setting, pool, timing, sets = data["setting"], data["pool"], data["timing"], data["sets"]
+    source = setting.get("source") or data["provenance"]["data"].split(" calib split")[0]
+    rows = [["zipf (greedy concept coverage)", f"{timing['zipf_seconds_first']:.3f}",
+             f"{timing['zipf_seconds_median']:.3f}"],
+            ["perplexity, low (float model scores every window)",
+             f"{timing['perplexity_seconds']:.1f}", "-"]]
+    set_rows = [[k, v["types"], v["type_token_ratio"], v["zipf_exponent"]] for k, v in sets.items()]
+    return "\n\n".join([
+        "# Selector wall time: zipf vs perplexity",
+        f"Pool: {pool['documents']} documents of {source} ({pool['documents_per_language']}"
+        f"), {pool['windows']} candidate windows of {setting['seqlen']} tokens (one per "
+        f"document, short documents packed). Both select n={setting['n']} from the same pool. "
+        "Timed: `select()` only (zipf: concept mapping + greedy coverage; perplexity: scoring "
+        f"every window with the float model in batches of {setting['batch_size']}, then "
+        f"ranking). Model load ({timing['model_load_seconds']:.1f} s) and windowing "
+        f"({pool['windowing_seconds']} s) are shared and not timed.",
+        markdown_table(["selector", "first run (s)",
+                        f"median of {len(timing['zipf_seconds_all'])} (s)"], rows),
+        f"**Speed-up of zipf over perplexity: {timing['speedup_first']}x** (first zipf run), "
+        f"{timing['speedup_median']}x (median zipf run); end to end from documents (windowing "
+        f"for both, model load for perplexity): {timing['speedup_end_to_end']}x.",
+        "## Selected sets (n x seqlen tokens each)",
+        markdown_table(["set", "distinct types", "type/token ratio", "Zipf exponent"], set_rows,
+                       floatfmt=".4f"),
+        "## Provenance", provenance_markdown(data["provenance"]),
+    ])
+
+
 def _rerender(name: str, stem: str, render: Callable[[dict[str, Any]], str],
               grids: list[Path], out: Path | None) -> None:
     from qcal.errors import ConfigError
@@ -161,3 +191,7 @@ def selection_cost_study(grids: list[Path], out: Path | None = None) -> None:
 
 def scaling_study(grids: list[Path], out: Path | None = None) -> None:
     _rerender("scaling", "scaling", render_scaling, grids, out)
+
+
+def selectors_study(grids: list[Path], out: Path | None = None) -> None:
+    _rerender("selectors", "selectors", render_selectors, grids, out)

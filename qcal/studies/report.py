@@ -28,6 +28,7 @@ STUDIES = {
     "shared-context": "qcal.studies.bench_tables:shared_context_study",
     "selection-cost": "qcal.studies.bench_tables:selection_cost_study",
     "scaling": "qcal.studies.bench_tables:scaling_study",
+    "selectors": "qcal.studies.bench_tables:selectors_study",
     "peers": "qcal.studies.peers_report:render_speed_study",  # from scripts/bench_peers.py
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
 }
