@@ -67,7 +67,7 @@ def add_parser(sub: Any) -> None:
                         "tables baseline, gptq, awq; architectures and reliability (run their "
                         "checks); lambada-items (completes older benchmark cells); from a "
                         "benchmark's JSON: peers, gptq-vs-peer, kernels, window-nll, "
-                        "shared-context, selection-cost, scaling, selectors")
+                        "shared-context, selection-cost, scaling, selectors, interop")
     r.add_argument("--out", type=Path, default=None,
                    help="with --study: the report's path without suffix (default under results/)")
     r.add_argument("--bench-grid", type=Path, action="append", default=None,

@@ -6,6 +6,7 @@ can be written again without rerunning the measurement):
     qcal report --study selection-cost   [--out results/selection_cost]  (scripts/bench_selection_cost.py)
     qcal report --study scaling          [--out results/scaling]         (scripts/bench_scaling.py)
     qcal report --study selectors        [--out results/selectors]       (scripts/bench_selectors.py)
+    qcal report --study interop          [--out results/interop]         (scripts/interop_matrix.py)
 """
 
 from __future__ import annotations
@@ -160,6 +161,34 @@ def render_selectors(data: dict[str, Any]) -> str:
     ])
 
 
+def interop_row(cell: dict[str, Any]) -> list[Any]:
+    scheme = ("sym" if cell["sym"] else "asym") + (" act-order" if cell["act_order"] else "")
+    return [cell["format"], scheme, cell["loader"], cell["dtype"], cell["loads"],
+            cell.get("max_rel_diff", "-"),
+            cell.get("top1_agree", cell.get("lm_eval_acc_5_items", "-")),
+            cell.get("error", "").replace("|", "/")]
+
+
+def render_interop(table: dict[str, Any]) -> str:
+    rows = [interop_row(cell) for cell in table["cells"]]
+    return "\n\n".join([
+        "# Checkpoint interoperability: format x scheme x act-order x loader (CPU)",
+        provenance_markdown(table["provenance"]),
+        markdown_table(["format", "scheme", "loader", "dtype", "loads", "max rel diff",
+                        "top-1 agree / lm_eval acc", "error"], rows, ".2e"),
+        "The default format, compressed-tensors, loads in every loader here, symmetric or "
+        "asymmetric, with or without act-order, with no extra argument (docs/formats.md says "
+        "how: actorder 'weight' for act-order, and `dequantize: true` in an asymmetric export's "
+        "quantization_config, which transformers reads and vLLM ignores). "
+        "transformers 5.24 reads the GPTQ and AWQ layouts only through GPTQModel/optimum (not "
+        "installed in qcal's environment by design), so those rows record the refusal; the "
+        "lm_eval column then fails the same way. lm_eval's accuracy on 5 items only shows that "
+        "the model ran. Not run here: vLLM (needs a CUDA GPU: `scripts/gpu_check.sh` is where "
+        "it belongs). GPTQModel 7.6.0 runs in its own venv (scripts/setup_peer_venv.sh) when "
+        "present; it reads asymmetric GPTQ checkpoints as `--format gptq_v2`.",
+    ])
+
+
 def _rerender(name: str, stem: str, render: Callable[[dict[str, Any]], str],
               grids: list[Path], out: Path | None) -> None:
     from qcal.errors import ConfigError
@@ -195,3 +224,7 @@ def scaling_study(grids: list[Path], out: Path | None = None) -> None:
 
 def selectors_study(grids: list[Path], out: Path | None = None) -> None:
     _rerender("selectors", "selectors", render_selectors, grids, out)
+
+
+def interop_study(grids: list[Path], out: Path | None = None) -> None:
+    _rerender("interop", "interop", render_interop, grids, out)

@@ -29,6 +29,7 @@ STUDIES = {
     "selection-cost": "qcal.studies.bench_tables:selection_cost_study",
     "scaling": "qcal.studies.bench_tables:scaling_study",
     "selectors": "qcal.studies.bench_tables:selectors_study",
+    "interop": "qcal.studies.bench_tables:interop_study",
     "peers": "qcal.studies.peers_report:render_speed_study",  # from scripts/bench_peers.py
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
 }

@@ -59,7 +59,8 @@ def test_peer_table_without_its_json_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("study", "stem"), [("kernels", "kernels"), ("window-nll", "window_nll"),
                                              ("shared-context", "shared_context"),
                                              ("selection-cost", "selection_cost"),
-                                             ("scaling", "scaling"), ("selectors", "selectors")])
+                                             ("scaling", "scaling"), ("selectors", "selectors"),
+                                             ("interop", "interop")])
 def test_benchmark_tables_render_again_from_their_json(study: str, stem: str,
                                                        tmp_path: Path) -> None:
     shutil.copy(RESULTS / f"{stem}.json", tmp_path / f"{stem}.json")
