@@ -8,7 +8,7 @@
 4. KL(float || quantized) per token on held-out text, for comparison across methods: a
    wrong AWQ fold or a skipped linear shows up as several times RTN's.
 
-Used by tests/integration/test_architectures.py and scripts/architectures.py.
+Used by tests/integration/test_architectures.py and `qcal report --study architectures`.
 """
 
 from __future__ import annotations

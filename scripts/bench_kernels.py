@@ -37,7 +37,12 @@ import torch
 from qcal.config import QuantScheme
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant.base import rtn_quantize
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import (
+    load_average,
+    provenance,
+    write_results,
+)
+from qcal.studies.kernels_report import render
 
 PROMPT = ("The Debian Administrator's Handbook explains how to install, configure and maintain "
           "a Debian system. In this chapter we look at")
@@ -55,7 +60,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs-dir", type=Path, default=Path("runs/bench-kernels"))
     p.add_argument("--ppl-windows", type=int, default=4, help="512-token windows for the ppl check")
     p.add_argument("--skip-e2e", action="store_true", help="CPU matmuls only")
-    p.add_argument("--render-only", action="store_true", help="rewrite the .md from the JSON, no timing")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; 1 on a shared machine, where multi-thread barriers stall")
     return p.parse_args(argv)
@@ -248,7 +252,7 @@ def e2e_decode(args: argparse.Namespace) -> dict:
 
 def cpu_part(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
+    load_before = load_average()
     section: dict[str, Any] = {"matmul": cpu_matmuls(args.repeats)}
     if not args.skip_e2e:
         section["decode"] = e2e_decode(args)
@@ -258,7 +262,7 @@ def cpu_part(args: argparse.Namespace) -> dict:
         if old.get("decode"):
             section["decode"] = old["decode"]
             section["decode_provenance"] = old.get("decode_provenance", old.get("provenance"))
-    load_after = os.getloadavg()
+    load_after = load_average()
     section["provenance"] = provenance(
         model="models/smollm2-135m-instruct (SmolLM2-135M-Instruct, float32, itself dequantized from Q4_1)",
         data="random weights/activations for the matmuls; PROMPT in scripts/bench_kernels.py for decode",
@@ -278,9 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {}
     if merge.is_file():
         data = json.loads(merge.read_text())
-    if args.render_only:
-        write_results(args.out, data, render(data))
-        return 0
     do_gpu = args.part == "gpu" or (args.part == "auto" and torch.cuda.is_available())
     if args.part in ("auto", "cpu"):
         data["cpu"] = cpu_part(args)
@@ -295,69 +296,6 @@ def main(argv: list[str] | None = None) -> int:
             write_results(args.out, data, render(data))
     print(f"wrote {args.out.with_suffix('.md')}")
     return 0
-
-
-def render(data: dict) -> str:
-    from bench_kernels_gpu import render_gpu
-
-    out = ["# int4 matmul kernels", "",
-           "Written by `scripts/bench_kernels.py`; each section states the run that produced it.", ""]
-    cpu = data.get("cpu")
-    if cpu:
-        out += ["## CPU per shape: torch's int4 op, dequantize-then-GEMM and dense matmul "
-                "(K = N = 4096, group 128)", "",
-                provenance_markdown(cpu["provenance"]), ""]
-        rows = []
-        for r in cpu["matmul"]:
-            t = r["timings"]
-            rows.append([r["M"], *(t[k]["median_ms"] for k in ("fp32 matmul", "bf16 matmul",
-                                                                "int4 op, fp32 x", "int4 op, bf16 x")),
-                         t.get("dequant+fp32 GEMM, bf16 x", {}).get("median_ms", "-"),
-                         t.get("dispatch, bf16 x", {}).get("median_ms", "-"),
-                         r.get("dispatch_backend", "-"),
-                         r["speedup_vs_bf16"], r.get("dispatch_vs_bf16", "-"),
-                         f"{r['int4_rel_err']:.1e}"])
-        out += [markdown_table(["M", "fp32 ms", "bf16 ms", "int4 (fp32 x) ms", "int4 (bf16 x) ms",
-                                "dequant+fp32 GEMM (bf16 x) ms", "dispatch (bf16 x) ms", "dispatch picks",
-                                "bf16 / int4(bf16 x)", "bf16 / dispatch", "int4 rel. err"], rows), "",
-                "Ratios > 1 mean the quantized path is faster than dense bf16 with a resident float "
-                "weight. `dequant+fp32 GEMM` dequantizes the packed weight to float32 on every "
-                "call and multiplies in float32 (what a model too big to keep float copies "
-                "runs: `cache_dequantized = False`); "
-                "`dispatch` is `QuantLinear(x)` with that setting: the int4 op up to "
-                "`CPU_INT4_MAX_TOKENS` = 64 tokens and, without the cache, above too (a model "
-                "that may cache its dequantized weights runs the float32 GEMM above 64 tokens: "
-                "the `fp32` column). The int4 op "
-                "computes in bf16 (x, scales and output rounded to bf16); `int4 rel. err` is its "
-                "relative error against the exact float32 product of the same int4 weights. All "
-                "timings of one row come from one interleaved run; compare ratios within a row.", ""]
-        dec = cpu.get("decode")
-        if dec:
-            out += [f"## CPU: end-to-end greedy decode ({dec['decode_tokens']} tokens after a "
-                    f"{dec['prompt_tokens']}-token prompt, batch 1, KV cache)", ""]
-            if cpu.get("decode_provenance"):
-                out += ["Measured by an earlier run (before the per-shape dispatch; this run "
-                        "passed --skip-e2e):", "", provenance_markdown(cpu["decode_provenance"]), ""]
-            rows = [[r["model"], r["tokens_per_s"],
-                     f"{r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f}",
-                     r["weight_MB"], r["kernel_cache_MB"],
-                     ", ".join(f"{k}: {v}" for k, v in r["backends"].items()) or "-",
-                     r["greedy_prefix_equal_to_float32"], r.get("ppl_en", "-")] for r in dec["rows"]]
-            out += [markdown_table(["model", "tokens/s (median)", "range", "weights MB", "kernel cache MB",
-                                    "QuantLinear backends",
-                                    "greedy tokens = float32", "ppl (en)"], rows, ".2f"), "",
-                    f"Checkpoints: {dec['checkpoints']} (RTN, asymmetric, made by `qcal quantize --method "
-                    "rtn`). Group 128 is ragged on the 576-wide inputs (last group 64): the op serves "
-                    "it with blocks of 64 and repeated scales (kernels/cpu.py; see the backends "
-                    "column). The lm_head (tied 49152 x 576 embedding) and the embedding stay float in "
-                    "every variant. `weights MB`: parameters and buffers as loaded; `kernel cache MB`: "
-                    "what the backends add (the int4 op's repack, or the reference's dequantized "
-                    "float32 weights). `greedy tokens = float32`: leading generated tokens identical "
-                    "to the float32 model's. `ppl (en)`: " + str(dec["ppl_text"]) + ", 512-token "
-                    "windows, the same for every row; the gap between an int4 row on the op and the "
-                    "same checkpoint on the exact reference is the cost of the op's bf16 arithmetic.", ""]
-    out += render_gpu(data.get("gpu"))
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 from qcal_kernels.reference import dequantize_packed, int4_matmul_reference
 from qcal_kernels.testing import random_packed_weight
 
-from qcal.results import markdown_table, provenance, provenance_markdown
+from qcal.results import provenance
 
 DEVICE = torch.device("cuda")
 SIZES = (4096, 8192)
@@ -134,26 +134,3 @@ def _measure_size(kn: int, section: dict[str, Any], ref_bw: float) -> Iterator[d
             section["errors"].append(f"M={m} K=N={kn}: {type(err).__name__}: {err}")
             print(section["errors"][-1], flush=True)
         yield section
-
-
-def render_gpu(gpu: dict | None) -> list[str]:
-    head = "## GPU: Triton int4 kernels vs torch.matmul fp16 (group 128)"
-    if not gpu:
-        return [head, "", "Not measured yet: no CUDA device was present in the run that wrote this file. "
-                "`scripts/gpu_check.sh` runs this part on a GPU machine.", ""]
-    peak = f"{gpu['peak_GBps']:.0f} GB/s" if gpu.get("peak_GBps") else "n/a"
-    out = [head, "", provenance_markdown(gpu["provenance"]), "",
-           f"Device: {gpu['device']}; peak DRAM bandwidth {peak} ({gpu['peak_source']}); "
-           f"measured device-to-device copy {gpu['copy_GBps']:.0f} GB/s.", ""]
-    rows = [[r["M"], r["K"], r["fp16_ms"] * 1e3, r["int4_ms"] * 1e3, r["int4_actorder_ms"] * 1e3,
-             r["speedup"], r["int4_GBps"], r["int4_frac_peak"], r["fp16_frac_peak"], r["int4_TFLOPs"],
-             f"{r['max_rel_err']:.1e}", r["config"]] for r in gpu["rows"]]
-    out += [markdown_table(["M", "K=N", "fp16 us", "int4 us", "int4 act-order us", "fp16 / int4",
-                            "int4 GB/s", "int4 frac. of peak", "fp16 frac. of peak", "int4 TFLOP/s",
-                            "rel. err", "autotuned config"], rows, ".2f"), "",
-            "Bytes per product: int4 = K*N/2 + scales and zero points + x + y; fp16 = 2*K*N + x + y. "
-            "`rel. err` is the worst of the contiguous and act-order kernels against the float32 "
-            "reference on the same int4 weights.", ""]
-    if gpu.get("errors"):
-        out += ["Errors:", "", *[f"- {e}" for e in gpu["errors"]], ""]
-    return out

@@ -1,17 +1,22 @@
 #!/usr/bin/env python
-"""qcal vs its peers on the same calibration ids, in one run: GPTQ vs GPTQModel, AWQ vs
-AutoAWQ, and today's AWQ vs the AWQ of an earlier qcal commit.
+"""qcal vs its peers on the same calibration ids, in one run. Two suites:
 
-Every quantizer runs as a subprocess under `/usr/bin/time -v` (process wall, peak RSS),
-one after the other on the same machine; the quantize step's own time comes from each
-tool's log. Peers live in their own virtualenvs under runs/ (built here when missing,
-pinned, never project dependencies): GPTQModel 7.6.0 (scripts/setup_peer_venv.sh) and
-AutoAWQ 0.2.9 (with transformers 4.51.3, the last it supports). qcal's loader scores every
-checkpoint on the same held-out windows (one scorer). Results: results/peers.{json,md}.
-Each step's result is kept in qcal's step cache under runs/bench_peers, so an interrupted run
-resumes.
+- speed (default; results/peers.{json,md}): GPTQ vs GPTQModel, AWQ vs AutoAWQ, and
+  today's AWQ vs the AWQ of an earlier qcal commit; qcal's loader scores every checkpoint.
+- --loaders (results/gptq_vs_peer[_act].{json,md}): qcal GPTQ vs GPTQModel with matched
+  settings (w4 g128, damp 0.01, act-order with --desc-act), each checkpoint scored by qcal's,
+  GPTQModel's and transformers' (+ optimum) loader: interoperability in both directions.
+
+Every quantizer runs as a subprocess under `/usr/bin/time -v` (process wall, peak RSS), one
+after the other on the same machine; the quantize step's own time comes from each tool's log.
+Peers live in their own virtualenvs under runs/ (built here when missing, pinned, never
+project dependencies): GPTQModel 7.6.0 (scripts/setup_peer_venv.sh) and AutoAWQ 0.2.9 (with
+transformers 4.51.3, the last it supports); scripts/peer_worker.py drives them. Each step's
+result is kept in qcal's step cache under runs/, so an interrupted run resumes.
+`qcal report --study peers` (or gptq-vs-peer) renders a table again from its JSON.
 
     python scripts/bench_peers.py [--autoawq-layers 3 | --autoawq-full] [--fresh]
+    python scripts/bench_peers.py --loaders [--max-windows 16] [--desc-act] [--fresh]
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,26 +32,25 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from qcal.cache import JsonSteps, StepCache
 from qcal.calib import resolve_calib
 from qcal.cli import command_prefix
 from qcal.data import eval_text
 from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
 from qcal.model.loading import load_model, resolve_model_dir
 from qcal.paths import results_dir, runs_dir
-from qcal.results import (
-    markdown_table,
-    provenance,
-    provenance_markdown,
-    timed_command,
-    write_results,
-)
+from qcal.studies.bench import Steps, provenance, timed, write_results
+from qcal.studies.peers_report import render_loaders, render_speed
 
 ROOT = Path(__file__).resolve().parent.parent
-
+WORKER = str(ROOT / "scripts" / "peer_worker.py")
 # The last commit before the AWQ speed work (Gram loss for lone linears, token budget).
 BASELINE_REV = "4112516"
 AUTOAWQ_PINS = ["torch==2.13.0", "transformers==4.51.3", "autoawq==0.2.9"]
+GPTQMODEL_PROBE = ("import gptqmodel, optimum.version as o, torch, transformers; "
+                   "print(f'gptqmodel {gptqmodel.__version__}, optimum {o.__version__}, "
+                   "torch {torch.__version__}, transformers {transformers.__version__}')")
+AUTOAWQ_PROBE = ("import awq, transformers; print('AutoAWQ', awq.__version__, 'transformers', "
+                 "transformers.__version__)")
 
 
 def ensure_autoawq(venv: Path) -> Path:
@@ -76,7 +80,9 @@ def baseline_source(rev: str, dest: Path) -> Path:
     return dest
 
 
-def peer_version(python: Path, probe: str) -> str:
+def peer_version(python: Path | None, probe: str, what: str) -> str:
+    if python is None:
+        return f"{what}: not run now"
     # cwd="/": `-c` puts the working directory on sys.path, and a checkout's kernels/ folder
     # would shadow the `kernels` package the peers' transformers imports.
     out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd="/")
@@ -85,254 +91,231 @@ def peer_version(python: Path, probe: str) -> str:
     return lines[-1][:300] if lines else f"probe exited {out.returncode}"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nsamples", type=int, default=32)
-    p.add_argument("--seqlen", type=int, default=512)
-    p.add_argument("--calib", default="debian-handbook")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gptq-group", type=int, default=128)
-    p.add_argument("--awq-group", type=int, default=64,
-                   help="64: AutoAWQ needs the group size to divide every in_features (576)")
-    p.add_argument("--baseline-rev", default=BASELINE_REV)
-    p.add_argument("--awq-seeds", type=int, nargs="*", default=[1],
-                   help="further calibration seeds for both qcal AWQ runs (quality, not speed)")
-    p.add_argument("--autoawq-layers", type=int, default=3,
-                   help="time AutoAWQ's first N layers only (0: the whole model, --autoawq-full)")
-    p.add_argument("--autoawq-full", action="store_true")
-    p.add_argument("--only", nargs="*", default=None,
-                   help="steps to run (qcal-gptq gptqmodel qcal-awq qcal-awq-baseline autoawq)")
-    p.add_argument("--fresh", action="store_true", help="discard cached steps and start over")
-    p.add_argument("--out", type=Path, default=results_dir() / "peers")
-    args = p.parse_args()
-    layers = 0 if args.autoawq_full else args.autoawq_layers
+def peer_run(python: Path, cmd: list[str], result: Path, env: dict[str, str] | None = None
+             ) -> dict[str, Any]:
+    # No PYTHONPATH: a checkout on it would put its kernels/ folder where the peer's
+    # transformers looks for the `kernels` package (and qcal where the peer needs none).
+    run = timed([str(python), WORKER, *cmd], env={**(env or {}), "PYTHONPATH": ""}, cwd=ROOT)
+    if run["returncode"] == 0:
+        run.update(json.loads(result.read_text()))
+    return run
 
-    work = runs_dir() / "bench_peers"
-    if args.fresh:
-        shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True, exist_ok=True)
-    model_dir = resolve_model_dir(None)
-    _, tok, _ = load_model(model_dir)
-    calib = resolve_calib(args.calib, tok, nsamples=args.nsamples, seqlen=args.seqlen,
-                          seed=args.seed)
-    ids = tokenize_text(tok, eval_text("en"))
-    n_windows = ids.numel() // 512
-    windows = ids[: n_windows * 512].view(n_windows, 512)
-    setting = {"calib": calib.manifest.get("digest"), "gptq_group": args.gptq_group,
-               "awq_group": args.awq_group, "baseline_rev": args.baseline_rev,
-               "autoawq_layers": layers, "windows": n_windows, "awq_seeds": args.awq_seeds}
-    steps = JsonSteps(StepCache(work), "steps", setting)
-    if steps.other_settings():
-        raise SystemExit(f"{work} holds a run with other settings; pass --fresh")
 
-    def failed(saved: Any) -> bool:
-        return isinstance(saved, dict) and saved.get("returncode", 0) != 0
+def qcal_run(out: Path, args: list[str], expected_digest: str | None,
+             pythonpath: Path | None = None) -> dict[str, Any]:
+    """`qcal quantize ARGS -o OUT` under time -v, with its quantize time and calibration
+    digest; `pythonpath`: an earlier commit's package, run from its unpacked source."""
+    cmd = [*command_prefix(), "quantize", *args, "-o", str(out)]
+    env, cwd = None, ROOT
+    if pythonpath is not None:
+        # `-m` puts the working directory first on sys.path; QCAL_HOME finds the models.
+        cmd = [sys.executable, "-m", "qcal", *cmd[len(command_prefix()):]]
+        env, cwd = {"QCAL_HOME": str(ROOT)}, pythonpath
+    run = timed(cmd, env=env, cwd=cwd)
+    where = subprocess.run([sys.executable, "-c", "import qcal; print(qcal.__file__)"],
+                           capture_output=True, text=True, cwd=cwd,
+                           env={**os.environ, **(env or {})})
+    run["qcal_package"] = where.stdout.strip()  # proves which code ran
+    if run["returncode"] == 0:
+        log = json.loads((out / "quant_log.json").read_text())
+        run["quantize_seconds"] = log["quantize_seconds"]
+        digest = (log.get("calibration") or {}).get("digest")
+        run["calibration_digest"] = digest
+        run["same_calibration"] = digest == expected_digest if expected_digest else None
+    return run
 
-    def step(key: str, fn: Any) -> Any:
-        if args.only is not None and key.split("/")[0] not in args.only:
-            return steps.get(key)
 
-        def announced() -> Any:
-            print(f"== {key}", flush=True)
-            return fn()
-
-        return steps.run(key, announced, failed)
-
-    save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
-
-    def qcal_run(name: str, method_args: list[str], pythonpath: Path | None = None,
-                 seed: int = args.seed) -> dict[str, Any]:
-        out = work / name
-        common = ["--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
-                  str(args.seqlen), "--seed", str(seed), "--device", "cpu", "--overwrite"]
-        cmd = [*command_prefix(), "quantize", *method_args, *common, "-o", str(out)]
-        env, cwd = None, ROOT
-        if pythonpath is not None:
-            # An earlier commit's package in the same venv: `-m` puts the working directory
-            # first on sys.path, so run from the unpacked source; QCAL_HOME finds the models.
-            cmd = [sys.executable, "-m", "qcal", *cmd[len(command_prefix()):]]
-            env, cwd = {"QCAL_HOME": str(ROOT)}, pythonpath
-        print("$", " ".join(cmd), flush=True)
-        run = timed_command(cmd, env=env, cwd=cwd)
-        where = subprocess.run([sys.executable, "-c", "import qcal; print(qcal.__file__)"],
-                               capture_output=True, text=True, cwd=cwd,
-                               env={**os.environ, **(env or {})})
-        run["qcal_package"] = where.stdout.strip()  # proves which code ran
-        if run["returncode"] == 0:
-            log = json.loads((out / "quant_log.json").read_text())
-            run["quantize_seconds"] = log["quantize_seconds"]
-            digest = (log.get("calibration") or {}).get("digest")
-            run["calibration_digest"] = digest
-            run["same_calibration"] = digest == setting["calib"] if seed == args.seed else None
-        else:
-            print(run["error_tail"], file=sys.stderr)
-        return run
-
-    def peer_run(python: Path, cmd: list[str], result: Path, env: dict[str, str] | None = None
-                 ) -> dict[str, Any]:
-        print("$", " ".join(cmd), flush=True)
-        run = timed_command([str(python), *cmd], env=env, cwd=ROOT)
-        if run["returncode"] == 0:
-            run.update(json.loads(result.read_text()))
-        else:
-            print(run["error_tail"], file=sys.stderr)
-        return run
-
-    gptq_args = ["--method", "gptq", "--bits", "4", "--group-size", str(args.gptq_group),
-                 "--allow-ragged-groups", "--sym", "--damp", "0.01"]
-    awq_args = ["--method", "awq", "--bits", "4", "--group-size", str(args.awq_group)]
-    step("qcal-gptq", lambda: qcal_run("qcal-gptq", gptq_args))
-    gm_python = ensure_gptqmodel(runs_dir() / "peer-venv") if (
-        args.only is None or "gptqmodel" in args.only) else None
-    step("gptqmodel", lambda: peer_run(
-        gm_python, [str(ROOT / "scripts" / "peer_gptqmodel_worker.py"), "quantize", str(model_dir),
-                    str(work / "calib.safetensors"), str(work / "gptqmodel"),
-                    str(work / "gptqmodel.json"), "--sym", "--group", str(args.gptq_group)],
-        work / "gptqmodel.json", {"GPTQMODEL_CPU_WORKERS": "2"}))
-    step("qcal-awq", lambda: qcal_run("qcal-awq", awq_args))
-    step("qcal-awq-baseline", lambda: qcal_run(
-        "qcal-awq-baseline", awq_args, baseline_source(args.baseline_rev, work / "baseline-src")))
-    for seed in args.awq_seeds:  # more calibration draws: AWQ's quality, old vs new
-        step(f"qcal-awq/s{seed}", lambda s=seed: qcal_run(f"qcal-awq-s{s}", awq_args, seed=s))
-        step(f"qcal-awq-baseline/s{seed}", lambda s=seed: qcal_run(
-            f"qcal-awq-baseline-s{s}", awq_args,
-            baseline_source(args.baseline_rev, work / "baseline-src"), seed=s))
-    aa_python = ensure_autoawq(runs_dir() / "awq-venv") if (
-        args.only is None or "autoawq" in args.only) else None
-    step("autoawq", lambda: peer_run(
-        aa_python, [str(ROOT / "scripts" / "peer_autoawq_worker.py"), str(model_dir),
-                    str(work / "calib.safetensors"), str(work / "autoawq"),
-                    str(work / "autoawq.json"), "--group", str(args.awq_group),
-                    "--max-layers", str(layers)], work / "autoawq.json"))
-
-    def score(path: Path) -> dict[str, Any]:
+def qcal_ppl(path: Path, windows: Any, fail_soft: bool = False) -> dict[str, Any]:
+    try:
         net, _, _ = load_model(path)
-        res = perplexity_of_ids(net, windows.reshape(-1), 512, None, 4, None, progress=True,
-                                desc=f"ppl[{path.name}]")
-        return {"ppl": res.ppl, "tokens": res.tokens}
+    except Exception as err:  # noqa: BLE001 - with fail_soft the failure is the result
+        if not fail_soft:
+            raise
+        return {"error": f"{type(err).__name__}: {err}"}
+    res = perplexity_of_ids(net, windows.reshape(-1), windows.shape[1], None, 4, None,
+                            progress=True, desc=f"ppl[{path.name}]")
+    return {"ppl": res.ppl, "tokens": res.tokens}
 
-    step("ppl/float", lambda: score(model_dir))
+
+def speed_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: Any) -> None:
+    layers = 0 if args.autoawq_full else args.autoawq_layers
+    digest = calib.manifest.get("digest")
+    setting = {"calib": digest, "gptq_group": args.gptq_group, "awq_group": args.awq_group,
+               "baseline_rev": args.baseline_rev, "autoawq_layers": layers,
+               "windows": windows.shape[0], "awq_seeds": args.awq_seeds}
+    work = runs_dir() / "bench_peers"
+    steps = Steps(work, setting, args.fresh, args.only)
+    save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
+    common = ["--model", str(model_dir), "--calib", args.calib, "--nsamples", str(args.nsamples), "--seqlen",
+              str(args.seqlen), "--device", "cpu", "--overwrite"]
+    gptq = ["--method", "gptq", "--bits", "4", "--group-size", str(args.gptq_group),
+            "--allow-ragged-groups", "--format", "gptq", "--sym", "--damp", "0.01", *common]
+    awq = ["--method", "awq", "--bits", "4", "--group-size", str(args.awq_group), *common]
+
+    def wanted(step: str) -> bool:
+        return args.only is None or step in args.only
+
+    steps.run("qcal-gptq", lambda: qcal_run(work / "qcal-gptq", [*gptq, "--seed", str(args.seed)],
+                                            digest))
+    gm_python = ensure_gptqmodel(args.peer_venv) if wanted("gptqmodel") else None
+    steps.run("gptqmodel", lambda: peer_run(
+        gm_python, ["gptqmodel", str(model_dir), str(work / "calib.safetensors"),
+                    str(work / "gptqmodel"), str(work / "gptqmodel.json"), "--sym", "--group",
+                    str(args.gptq_group)], work / "gptqmodel.json", {"GPTQMODEL_CPU_WORKERS": "2"}))
+
+    def baseline() -> Path:
+        return baseline_source(args.baseline_rev, work / "baseline-src")
+
+    for seed in [args.seed, *args.awq_seeds]:  # more calibration draws: AWQ's quality
+        tag = "" if seed == args.seed else f"/s{seed}"
+        flags = [*awq, "--seed", str(seed)]
+        same = digest if seed == args.seed else None
+        steps.run(f"qcal-awq{tag}", lambda t=tag, f=flags, d=same: qcal_run(
+            work / f"qcal-awq{t.replace('/', '-')}", f, d))
+        steps.run(f"qcal-awq-baseline{tag}", lambda t=tag, f=flags, d=same: qcal_run(
+            work / f"qcal-awq-baseline{t.replace('/', '-')}", f, d, baseline()))
+    aa_python = ensure_autoawq(runs_dir() / "awq-venv") if wanted("autoawq") else None
+    steps.run("autoawq", lambda: peer_run(
+        aa_python, ["autoawq", str(model_dir), str(work / "calib.safetensors"),
+                    str(work / "autoawq"), str(work / "autoawq.json"), "--group",
+                    str(args.awq_group), "--max-layers", str(layers)], work / "autoawq.json"))
+    steps.run("ppl/float", lambda: qcal_ppl(model_dir, windows))
     extra = [f"{v}/s{seed}" for seed in args.awq_seeds for v in ("qcal-awq", "qcal-awq-baseline")]
     for name in ("qcal-gptq", "gptqmodel", "qcal-awq", "qcal-awq-baseline", "autoawq", *extra):
         run = steps.get(name)
         if run and run["returncode"] == 0 and run.get("finished", True):
-            step(f"ppl/{name}", lambda n=name: score(work / n.replace("/", "-")))
+            steps.run(f"ppl/{name}", lambda n=name: qcal_ppl(work / n.replace("/", "-"), windows))
     file_mib = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**20
-    n_layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
-    state = {"setting": setting, **steps.results}
-    data = {"setting": setting, "state": state, "model_file_mib": round(file_mib, 1),
-            "n_layers": n_layers,
+    data = {"setting": setting, "state": {"setting": setting, **steps.results},
+            "model_file_mib": round(file_mib, 1),
+            "n_layers": json.loads((model_dir / "config.json").read_text())["num_hidden_layers"],
             "provenance": provenance(
         model=str(model_dir), calibration=f"{args.calib}, random selector, {args.nsamples} x "
-        f"{args.seqlen}, seed {args.seed} (digest {setting['calib'][:12]}); the same ids for "
-        "every quantizer",
-        evaluation=f"qcal's loader and scorer, all {n_windows} held-out English windows of 512",
+        f"{args.seqlen}, seed {args.seed} (digest {digest[:12]}); the same ids for every quantizer",
+        evaluation=f"qcal's loader and scorer, all {windows.shape[0]} held-out English windows "
+                   "of 512",
         peers="; ".join([
             peer_version(gm_python, "import gptqmodel, transformers; print('GPTQModel', "
-                         "gptqmodel.__version__, 'transformers', transformers.__version__)")
-            if gm_python else "GPTQModel: not run now",
-            peer_version(aa_python, "import awq, transformers; print('AutoAWQ', awq.__version__, "
-                         "'transformers', transformers.__version__)")
-            if aa_python else "AutoAWQ: not run now"]),
+                         "gptqmodel.__version__, 'transformers', transformers.__version__)",
+                         "GPTQModel"),
+            peer_version(aa_python, AUTOAWQ_PROBE, "AutoAWQ")]),
         peer_install="scripts/setup_peer_venv.sh (GPTQModel 7.6.0, torch 2.13.0 CPU); "
                      f"python -m venv runs/awq-venv && pip install {' '.join(AUTOAWQ_PINS)}")}
-    write_results(args.out, data, render(data))
-    print(f"wrote {args.out}.json/.md")
+    out = args.out or results_dir() / "peers"
+    write_results(out, data, render_speed(data))
+    print(f"wrote {out}.json/.md")
+
+
+def loaders_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: Any) -> None:
+    sym, act = not args.asym, args.desc_act
+    digest = calib.manifest.get("digest")
+    setting = {"model": str(model_dir), "calib": digest, "sym": sym, "desc_act": act,
+               "windows": windows.shape[0], "eval_seqlen": windows.shape[1]}
+    work = runs_dir() / f"bench_gptq_vs_peer{'_act' if act else ''}"
+    steps = Steps(work, setting, args.fresh)
+    # safetensors, not pickle: the peer's venv reads ids without being able to run code.
+    save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
+    save_file({"ids": windows.contiguous()}, str(work / "windows.safetensors"))
+    python = ensure_gptqmodel(args.peer_venv)
+    flags = [*(["--sym"] if sym else []), *(["--desc-act"] if act else [])]
+    qcal_dir, peer_dir = work / "qcal-gptq", work / "peer-gptq"
+    qcal_args = ["--model", str(model_dir), "--method", "gptq", "--bits", "4", "--group-size",
+                 "128", "--allow-ragged-groups", "--format", "gptq", *flags, "--damp", "0.01",
+                 "--calib", args.calib,
+                 "--nsamples", str(args.nsamples), "--seqlen", str(args.seqlen), "--seed",
+                 str(args.seed)]
+
+    def run_qcal() -> dict[str, Any]:
+        run = qcal_run(qcal_dir, qcal_args, digest)
+        run["same_calibration_digest"] = run.pop("same_calibration", None)
+        return run
+
+    def peer_ppl(path: Path, command: str) -> dict[str, Any]:
+        result = work / f"peer-{command}-{path.name}.json"
+        # TORCHDYNAMO_DISABLE: GPTQModel's torch kernel otherwise recompiles per input shape.
+        run = peer_run(python, [command, str(path), str(work / "windows.safetensors"),
+                                str(result)], result,
+                       {"GPTQMODEL_CPU_WORKERS": "2", "TORCHDYNAMO_DISABLE": "1"})
+        # The error itself, without the report `time -v` appends to the same stream.
+        tail = re.split(r"Command exited with|\tCommand being timed", run.get("error_tail", ""))[0]
+        return run if run["returncode"] == 0 else {"error": tail[-1500:]}
+
+    runs = {"qcal": steps.run("qcal_quantize", run_qcal),
+            "gptqmodel": steps.run("peer_quantize", lambda: peer_run(
+                python, ["gptqmodel", str(model_dir), str(work / "calib.safetensors"),
+                         str(peer_dir), str(work / "peer-quant.json"), *flags],
+                work / "peer-quant.json", {"GPTQMODEL_CPU_WORKERS": "2"}))}
+    rows: dict[str, dict[str, Any]] = {}
+    for name, path in (("qcal", qcal_dir), ("gptqmodel", peer_dir)):
+        ok = runs[name]["returncode"] == 0
+        rows[name] = {"run": runs[name]} | ({
+            "qcal_loader": steps.run(f"{name}/qcal_loader",
+                                     lambda p=path: qcal_ppl(p, windows, fail_soft=True)),
+            "gptqmodel_loader": steps.run(f"{name}/gptqmodel_loader",
+                                          lambda p=path: peer_ppl(p, "ppl")),
+            "transformers_loader": steps.run(f"{name}/transformers_loader",
+                                             lambda p=path: peer_ppl(p, "hf-ppl")),
+        } if ok else dict.fromkeys(("qcal_loader", "gptqmodel_loader", "transformers_loader")))
+        if ok:
+            qc = json.loads((path / "config.json").read_text()).get("quantization_config", {})
+            rows[name]["quantization_config"] = {
+                k: qc.get(k) for k in ("quant_method", "bits", "group_size", "sym", "desc_act",
+                                       "checkpoint_format")}
+    fp = steps.run("fp_ppl", lambda: qcal_ppl(model_dir, windows)["ppl"])
+    prov = provenance(
+        model=str(model_dir), calibration=digest,
+        calib_setup=f"{args.calib}, selector random, {args.nsamples} x {args.seqlen}, "
+                    f"seed {args.seed}",
+        evaluation=f"qcal.data.eval_text('en'), {windows.shape[0]} windows of {windows.shape[1]}",
+        peer=peer_version(python, GPTQMODEL_PROBE, "GPTQModel"),
+        peer_install="scripts/setup_peer_venv.sh (GPTQModel 7.6.0 + optimum, torch 2.13.0 CPU); "
+                     "run with GPTQMODEL_CPU_WORKERS=2")
+    data = {"provenance": prov, "fp_ppl": fp, "sym": sym, "desc_act": act, "rows": rows}
+    out = args.out or results_dir() / ("gptq_vs_peer_act" if act else "gptq_vs_peer")
+    write_results(out, data, render_loaders(data))
+    print(f"wrote {out}.json/.md")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--loaders", action="store_true",
+                   help="the GPTQ interoperability suite (results/gptq_vs_peer) instead")
+    p.add_argument("--model", default=None, help="float HF model dir (default: the embedded model)")
+    p.add_argument("--nsamples", type=int, default=None, help="default 32; 128 with --loaders")
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--calib", default="debian-handbook")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-windows", type=int, default=None, help="held-out windows of 512")
+    p.add_argument("--peer-venv", type=Path, default=runs_dir() / "peer-venv",
+                   help="GPTQModel's virtualenv (made by scripts/setup_peer_venv.sh if missing)")
+    p.add_argument("--fresh", action="store_true", help="discard cached steps and start over")
+    p.add_argument("--out", type=Path, default=None, help="results stem")
+    speed = p.add_argument_group("speed suite")
+    speed.add_argument("--gptq-group", type=int, default=128)
+    speed.add_argument("--awq-group", type=int, default=64,
+                       help="64: AutoAWQ needs the group size to divide every in_features (576)")
+    speed.add_argument("--baseline-rev", default=BASELINE_REV)
+    speed.add_argument("--awq-seeds", type=int, nargs="*", default=[1],
+                       help="further calibration seeds for both qcal AWQ runs (quality)")
+    speed.add_argument("--autoawq-layers", type=int, default=3,
+                       help="time AutoAWQ's first N layers only (0: the whole model)")
+    speed.add_argument("--autoawq-full", action="store_true")
+    speed.add_argument("--only", nargs="*", default=None,
+                       help="steps to run (qcal-gptq gptqmodel qcal-awq qcal-awq-baseline autoawq)")
+    loaders = p.add_argument_group("--loaders suite")
+    loaders.add_argument("--asym", action="store_true", help="asymmetric grid (default symmetric)")
+    loaders.add_argument("--desc-act", action="store_true", help="act-order in both quantizers")
+    args = p.parse_args()
+    args.nsamples = args.nsamples or (128 if args.loaders else 32)
+    model_dir = resolve_model_dir(args.model)
+    _, tok, _ = load_model(model_dir)
+    calib = resolve_calib(args.calib, tok, nsamples=args.nsamples, seqlen=args.seqlen,
+                          seed=args.seed)
+    ids = tokenize_text(tok, eval_text("en"))
+    n = min(ids.numel() // 512, args.max_windows or ids.numel())
+    windows = ids[: n * 512].view(n, 512)
+    (loaders_suite if args.loaders else speed_suite)(args, model_dir, calib, windows)
     return 0
-
-
-def _row(name: str, what: str, run: dict[str, Any] | None, ppl: dict[str, Any] | None,
-         n_layers: int) -> list[Any]:
-    if not run:
-        return [name, what, "not run", "", "", "", "", ""]
-    if run["returncode"] != 0:
-        return [name, what, "failed: " + run.get("error_tail", "").strip().splitlines()[-1][:120],
-                "", "", "", "", ""]
-    layers = run.get("layer_seconds")
-    per_layer = (sum(layers) / len(layers)) if layers else (
-        run["quantize_seconds"] / n_layers if run.get("quantize_seconds") else None)
-    return [name, what, run["wall_seconds"], run.get("quantize_seconds") or "-",
-            round(per_layer, 1) if per_layer else "-", run["max_rss_mib"],
-            round(ppl["ppl"], 3) if ppl else "-",
-            f"{run['load_before'][0]} / {run['load_after'][0]}"]
-
-
-def render(data: dict[str, Any]) -> str:
-    st, s, n = data["state"], data["setting"], data["n_layers"]
-    head = ["quantizer", "settings", "process wall s", "quantize s", "s / layer", "peak RSS MiB",
-            "ppl (en)", "load 1-min before / after"]
-    rows = [
-        _row("qcal GPTQ", f"w4 g{s['gptq_group']} sym, damp 0.01", st.get("qcal-gptq"),
-             st.get("ppl/qcal-gptq"), n),
-        _row("GPTQModel", "same", st.get("gptqmodel"), st.get("ppl/gptqmodel"), n),
-        _row("qcal AWQ", f"w4 g{s['awq_group']} asym, qcal's defaults", st.get("qcal-awq"),
-             st.get("ppl/qcal-awq"), n),
-        _row(f"qcal AWQ @ {s['baseline_rev']}", "same flags, code before the speed work",
-             st.get("qcal-awq-baseline"), st.get("ppl/qcal-awq-baseline"), n),
-        _row("AutoAWQ", "same, no duo scaling" + (
-            f"; first {s['autoawq_layers']} layers only" if s["autoawq_layers"] else ""),
-             st.get("autoawq"), st.get("ppl/autoawq"), n),
-    ]
-    md = ["# qcal vs GPTQModel and AutoAWQ on the same calibration ids", "",
-          f"Float model perplexity on the same windows: {st['ppl/float']['ppl']:.3f}"
-          if st.get("ppl/float") else "", "",
-          markdown_table(head, rows), "", *_ratios(st, s, n), _rss_line(st, data["model_file_mib"]),
-          "",
-          "quantize s: the quantize step as each tool logs it (qcal: quant_log.json; peers: the "
-          "worker's timer around `quantize()`), without start-up, model load and save; process "
-          "wall s includes them. s / layer for AutoAWQ: from the start of one layer's search to "
-          "the next; qcal's is its quantize s over the layer count. Peak RSS: the largest "
-          "resident set of the process (GNU time).", "",
-          "## Provenance", "", provenance_markdown(data["provenance"])]
-    return "\n".join(md)
-
-
-def _rss_line(st: dict[str, Any], file_mib: float) -> str:
-    qcal = {k: (st.get(k) or {}).get("max_rss_mib") for k in ("qcal-gptq", "qcal-awq")}
-    parts = [f"{k} {v:.0f} MiB = {v / file_mib:.2f}x" for k, v in qcal.items() if v]
-    return (f"- peak RSS against the float model file ({file_mib:.0f} MiB; target < 2x): "
-            + ", ".join(parts)) if parts else ""
-
-
-def _ratios(st: dict[str, Any], s: dict[str, Any], n_layers: int) -> list[str]:
-    def q(key: str) -> float | None:
-        run = st.get(key) or {}
-        return run.get("quantize_seconds") if run.get("returncode") == 0 else None
-
-    lines = []
-    if q("qcal-gptq") and q("gptqmodel"):
-        lines.append(f"- GPTQ quantize step: qcal / GPTQModel = {q('qcal-gptq') / q('gptqmodel'):.2f} "
-                     "(target <= 0.75)")
-    if q("qcal-awq") and q("qcal-awq-baseline"):
-        lines.append(f"- AWQ: today's qcal is {q('qcal-awq-baseline') / q('qcal-awq'):.2f}x "
-                     f"faster than qcal at {s['baseline_rev']} (target >= 3)")
-    aa = st.get("autoawq") or {}
-    if q("qcal-awq") and aa.get("layer_seconds"):
-        per = sum(aa["layer_seconds"]) / len(aa["layer_seconds"])
-        mine = q("qcal-awq") / n_layers
-        lines.append(f"- AWQ per layer: AutoAWQ {per:.1f} s vs qcal {mine:.1f} s "
-                     f"(qcal {per / mine:.1f}x faster)" + (
-                         f"; AutoAWQ timed on its first {len(aa['layer_seconds'])} layers only"
-                         if not aa.get("finished") else ""))
-    seeds = s.get("awq_seeds") or []
-    means = {}
-    for v in ("qcal-awq", "qcal-awq-baseline"):
-        ppls = [(st.get(f"ppl/{v}") or {}).get("ppl")] + [
-            (st.get(f"ppl/{v}/s{seed}") or {}).get("ppl") for seed in seeds]
-        if all(ppls):
-            means[v] = sum(ppls) / len(ppls)
-            lines.append(f"- {v} perplexity over {len(ppls)} calibration seeds: "
-                         + ", ".join(f"{x:.3f}" for x in ppls) + f" (mean {means[v]:.3f})")
-    if len(means) == 2:
-        lines.append(f"- AWQ mean perplexity, today's vs {s['baseline_rev']}: "
-                     f"{100 * (means['qcal-awq'] / means['qcal-awq-baseline'] - 1):+.2f}% "
-                     "(target within 1%)")
-    for a, b in (("qcal-gptq", "gptqmodel"), ("qcal-awq", "qcal-awq-baseline"),
-                 ("qcal-awq", "autoawq")):
-        pa, pb = st.get(f"ppl/{a}"), st.get(f"ppl/{b}")
-        if pa and pb:
-            lines.append(f"- perplexity {a} vs {b}: {100 * (pa['ppl'] / pb['ppl'] - 1):+.2f}%")
-    return lines
 
 
 if __name__ == "__main__":

@@ -22,20 +22,16 @@ and says whether old and new scoring chose the same windows.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import load_average, provenance, write_results
+from qcal.studies.bench_tables import SELECTION_ARMS as ARMS
+from qcal.studies.bench_tables import SELECTION_SOURCE as SOURCE
+from qcal.studies.bench_tables import SEQLEN, render_selection_cost
 
 ROOT = Path(__file__).resolve().parent.parent
-
-SOURCE = "debian-handbook"
-SEQLEN = 512
-ARMS = {"zipf": "zipf:pool_size=256",
-        "perplexity": "perplexity:max_candidates=256,score_tokens=128",
-        "perplexity, transposed CE": "perplexity:max_candidates=256,score_tokens=128"}
 
 
 def transposed_nll(logits: Any, ids: Any) -> Any:
@@ -53,7 +49,7 @@ def select(tokenizer: Any, arm: str, n: int, seed: int) -> dict[str, Any]:
     if arm.endswith("transposed CE"):
         ppl_module.next_token_nll = transposed_nll
     try:
-        load = [round(x, 2) for x in os.getloadavg()]
+        load = load_average()
         calib = resolve_calib(SOURCE, tokenizer, nsamples=n, seqlen=SEQLEN, seed=seed,
                               selector=ARMS[arm])
     finally:
@@ -93,38 +89,10 @@ def main() -> None:
     nsamples = [int(x) for x in args.nsamples.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     models = [bench_model(m, nsamples, seeds) for m in args.models.split(",")]
-    rows = []
-    for m in models:
-        med = m["median_seconds"]
-        loads = [r["reference_load_seconds"] for r in m["runs"]
-                 if r["reference_load_seconds"] is not None]
-        rows.append([m["model"], len(m["runs"]) // len(ARMS), f"{med['zipf']:.3f}",
-                     f"{med['perplexity']:.1f}", f"{med['perplexity, transposed CE']:.1f}",
-                     f"{median(loads):.1f}" if loads else "-",
-                     f"{med['perplexity'] / med['zipf']:.0f}x",
-                     f"{med['perplexity, transposed CE'] / med['zipf']:.0f}x",
-                     f"{med['perplexity, transposed CE'] / med['perplexity']:.2f}x",
-                     f"{m['same_selection']} of {m['compared']}"])
     command = ("python scripts/bench_selection_cost.py --models " + args.models
                + f" --nsamples {args.nsamples} --seeds {args.seeds}")
-    prov = provenance(command=command)
-    md = "\n\n".join([
-        "# Selection cost: zipf vs perplexity-based selection (ZipCal grid settings)",
-        provenance_markdown(prov),
-        f"Pool: English windows of {SEQLEN} tokens from {SOURCE} (calib split), as the "
-        "study_zipcal grids draw them. zipf: `pool_size=256` (a random 256 candidates per "
-        "greedy step); perplexity: `max_candidates=256,score_tokens=128` (the reference model, "
-        "loaded from the model directory as a grid cell does, scores the first 128 tokens of "
-        "256 random candidates). Seconds: the selection step as the calibration manifest "
-        "records it (perplexity's includes loading its reference model; that load is also "
-        "shown alone); median over the draws (seeds x nsamples), arms interleaved in one "
-        "process. `transposed CE`: the scoring the default model's study_zipcal cells were "
-        "selected with; same selection: draws where old and new scoring chose the same "
-        "windows (by manifest digest).",
-        markdown_table(["model", "draws", "zipf s", "perplexity s", "perplexity s (transposed "
-                        "CE)", "of which model load s", "perplexity / zipf",
-                        "as the grid ran it", "old / new scoring", "same selection"], rows)])
-    write_results(args.out.resolve(), {"provenance": prov, "models": models}, md)
+    data = {"provenance": provenance(command=command), "models": models}
+    write_results(args.out.resolve(), data, render_selection_cost(data))
     print(f"wrote {args.out}.md")
 
 

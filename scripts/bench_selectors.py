@@ -15,7 +15,6 @@ selected sets' lexical statistics are reported beside a random baseline.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -31,7 +30,8 @@ from qcal.calib.random_sel import RandomSelector
 from qcal.calib.windows import WindowPool, build_windows
 from qcal.calib.zipf import ZipfSelector
 from qcal.errors import QcalError
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import clock, load_average, provenance, write_results
+from qcal.studies.bench_tables import render_selectors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,33 +75,27 @@ def set_stats(pool: WindowPool, indices: list[int]) -> dict[str, Any]:
             "zipf_exponent": st["zipf"]["exponent"], "languages": st["per_language_tokens"]}
 
 
-def timed(fn: Any) -> tuple[Any, float]:
-    started = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - started
-
-
 def main(argv: list[str] | None = None) -> int:
     from qcal.model.loading import load_model
 
     args = parse_args(argv)
     if args.docs < 2000:
         print("note: the benchmark's claim needs --docs >= 2000", file=sys.stderr)
-    (net, tokenizer, model_path), load_s = timed(lambda: load_model(args.model))
+    (net, tokenizer, model_path), load_s = clock(lambda: load_model(args.model))
     pool, pool_info = load_pool(args, tokenizer)
     print(f"pool: {pool_info}", flush=True)
 
     zipf = ZipfSelector()
     zipf_runs = []
     for _ in range(max(1, args.zipf_repeats)):
-        zsel, secs = timed(lambda: zipf.select(pool, args.n, args.seed))
+        zsel, secs = clock(lambda: zipf.select(pool, args.n, args.seed))
         zipf_runs.append(secs)
     print(f"zipf: {zipf_runs}", flush=True)
 
     ppl = PerplexitySelector(mode="low", batch_size=args.batch_size, score_tokens=args.seqlen,
                              model=net)
     with torch.inference_mode():
-        psel, ppl_s = timed(lambda: ppl.select(pool, args.n, args.seed))
+        psel, ppl_s = clock(lambda: ppl.select(pool, args.n, args.seed))
     print(f"perplexity: {ppl_s:.1f} s", flush=True)
 
     zipf_first, zipf_median = zipf_runs[0], statistics.median(zipf_runs)
@@ -125,34 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     timing["speedup_end_to_end"] = round((win_s + load_s + ppl_s) / (win_s + zipf_first), 1)
     prov = provenance(model=str(model_path), data=f"{args.source} calib split, langs {args.langs}",
                       torch_threads=torch.get_num_threads(),
-                      load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
-    setting = {"n": args.n, "seqlen": args.seqlen, "score_tokens": args.seqlen,
+                      load_average=load_average())
+    setting = {"source": args.source, "n": args.n, "seqlen": args.seqlen, "score_tokens": args.seqlen,
                "batch_size": args.batch_size, "seed": args.seed, "zipf_pool_size": zipf.pool_size}
     data = {"provenance": prov, "setting": setting, "pool": pool_info, "timing": timing,
             "selected": {"zipf": zsel.info, "perplexity": psel.info}, "sets": sets}
 
-    rows = [["zipf (greedy concept coverage)", f"{zipf_first:.3f}", f"{zipf_median:.3f}"],
-            ["perplexity, low (float model scores every window)", f"{ppl_s:.1f}", "-"]]
-    set_rows = [[k, v["types"], v["type_token_ratio"], v["zipf_exponent"]] for k, v in sets.items()]
-    md = "\n\n".join([
-        "# Selector wall time: zipf vs perplexity",
-        f"Pool: {pool_info['documents']} documents of {args.source} ({pool_info['documents_per_language']}"
-        f"), {pool_info['windows']} candidate windows of {args.seqlen} tokens (one per document, "
-        f"short documents packed). Both select n={args.n} from the same pool. Timed: "
-        "`select()` only (zipf: concept mapping + greedy coverage; perplexity: scoring every "
-        f"window with the float model in batches of {args.batch_size}, then ranking). Model load "
-        f"({load_s:.1f} s) and windowing ({pool_info['windowing_seconds']} s) are shared and not timed.",
-        markdown_table(["selector", "first run (s)", f"median of {len(zipf_runs)} (s)"], rows),
-        f"**Speed-up of zipf over perplexity: {timing['speedup_first']}x** (first zipf run), "
-        f"{timing['speedup_median']}x (median zipf run); end to end from documents (windowing for "
-        f"both, model load for perplexity): {timing['speedup_end_to_end']}x.",
-        "## Selected sets (n x seqlen tokens each)",
-        markdown_table(["set", "distinct types", "type/token ratio", "Zipf exponent"], set_rows,
-                       floatfmt=".4f"),
-        "## Provenance", provenance_markdown(prov),
-    ])
-    write_results(Path(args.out), data, md)
-    print(md)
+    write_results(Path(args.out), data, render_selectors(data))
+    print(f"wrote {args.out}.md")
     return 0
 
 

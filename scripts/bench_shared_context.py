@@ -16,21 +16,17 @@ predicted answer differs, lm-eval's acc of both).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import load_average, provenance, write_results
+from qcal.studies.bench_tables import render_shared_context
 
 ROOT = Path(__file__).resolve().parent.parent
 
 TASKS = ["arc_easy", "boolq", "piqa", "hellaswag", "multiemo_en", "multiemo_pl"]
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def bench_model(name: str, limit: int, first_shared: bool) -> dict[str, Any]:
@@ -41,12 +37,12 @@ def bench_model(name: str, limit: int, first_shared: bool) -> dict[str, Any]:
     tm = task_manager(names=TASKS)
     runs: dict[str, Any] = {}
     for shared in ([True, False] if first_shared else [False, True]):
-        before = _load()
+        before = load_average()
         start = time.perf_counter()
         run = run_tasks(model, tok, TASKS, tm, batch_size=16, limit=limit, share_contexts=shared)
         runs["shared" if shared else "lm_eval"] = {
             "seconds": round(time.perf_counter() - start, 1), "load_before": before,
-            "load_after": _load(), "run": run}
+            "load_after": load_average(), "run": run}
     plain, shared_run = runs["lm_eval"]["run"], runs["shared"]["run"]
     per_task = {}
     for task in TASKS:
@@ -73,35 +69,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "shared_context")
     args = ap.parse_args()
     command = "python scripts/bench_shared_context.py " + " ".join(sys.argv[1:])
-    rows, results = [], []
-    for i, name in enumerate(m for m in args.models.split(",") if m):
-        res = bench_model(name, args.limit, first_shared=i % 2 == 1)
-        results.append(res)
-        rows.append([name, res["order"], res["lm_eval"]["seconds"], res["shared"]["seconds"],
-                     f"{res['speedup']:.2f}x", f"{res['lm_eval']['load_before'][0]}-"
-                     f"{res['shared']['load_after'][0]}",
-                     f"{max(t['max_abs_ll_diff'] for t in res['tasks'].values()):.2e}",
-                     sum(t["argmax_flips"] for t in res["tasks"].values())])
-    task_rows = [[r["model"], t, v["items"], f"{v['max_abs_ll_diff']:.2e}", v["argmax_flips"],
-                  v["acc_lm_eval"], v["acc_shared"]]
-                 for r in results for t, v in r["tasks"].items()]
-    prov = provenance(command)
-    md = "\n\n".join([
-        "# lm-eval task scoring: lm-eval's HFLM vs qcal's shared-context scorer",
-        provenance_markdown(prov),
-        f"Tasks {', '.join(TASKS)}, first {args.limit} items each, float models, CPU, one "
-        "process; the two scorers run back to back on the same loaded model (order "
-        "alternates per model). Speed-up = lm-eval seconds / shared-context seconds, measured "
-        "in this one run on a shared machine (load average: first 1-min value before, last "
-        "after).",
-        markdown_table(["model", "order", "lm-eval s", "shared s", "speed-up", "load",
-                        "max |Δ ll|", "argmax flips"], rows),
-        "Agreement per task (per-choice log-likelihoods; acc as lm-eval computes it):",
-        markdown_table(["model", "task", "items", "max |Δ ll|", "argmax flips", "acc lm-eval",
-                        "acc shared"], task_rows, floatfmt=".4f"),
-    ])
-    write_results(args.out, {"provenance": prov, "results": results}, md)
-    print(md)
+    results = [bench_model(name, args.limit, first_shared=i % 2 == 1)
+               for i, name in enumerate(m for m in args.models.split(",") if m)]
+    data = {"provenance": provenance(command), "results": results}
+    write_results(args.out, data, render_shared_context(data))
+    print(f"wrote {args.out}.md")
 
 
 if __name__ == "__main__":

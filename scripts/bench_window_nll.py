@@ -15,18 +15,15 @@ included, the two ways interleaved in one process.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import load_average, provenance, write_results
+from qcal.studies.bench_tables import BATCH, SEQLEN, render_window_nll
 
 ROOT = Path(__file__).resolve().parent.parent
-
-SEQLEN, BATCH = 512, 4
-
 
 def flattened_nll(logits: Any, ids: Any) -> Any:
     """The evaluation's scoring before qcal.scoring (a copy of the logits, then CE)."""
@@ -75,28 +72,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "window_nll")
     args = p.parse_args()
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     models = [bench_model(m, args.windows, args.repeats) for m in args.models.split(",")]
-    load_after = [round(x, 2) for x in os.getloadavg()]
-    rows = [[m["model"], m["vocab"], m["batches"] * m["repeats"],
-             f"{m['median']['flattened']:.2f}", f"{m['median']['row by row']:.2f}",
-             f"{m['median']['flattened'] / m['median']['row by row']:.2f}x",
-             "yes" if m["identical"] else "NO"] for m in models]
+    load_after = load_average()
     command = (f"python scripts/bench_window_nll.py --models {args.models} --windows "
                f"{args.windows} --repeats {args.repeats}")
-    prov = provenance(command=command)
-    md = "\n\n".join([
-        "# Perplexity evaluation: scoring a batch of windows, flattened vs row by row",
-        provenance_markdown(prov),
-        f"Batches of {BATCH} held-out English handbook windows of {SEQLEN} tokens (the first "
-        f"{args.windows}, as the study grids evaluate them); seconds per batch, forward pass "
-        f"included, median over {args.repeats} passes with the two ways interleaved; load "
-        f"average {load_before} before, {load_after} after. identical: every per-token NLL "
-        "bit-for-bit equal.",
-        markdown_table(["model", "vocab", "batches timed", "flattened s", "row by row s",
-                        "speed-up", "identical"], rows)])
-    write_results(args.out.resolve(), {"provenance": prov, "load_before": load_before,
-                                       "load_after": load_after, "models": models}, md)
+    data = {"provenance": provenance(command=command), "load_before": load_before,
+            "load_after": load_after, "models": models, "windows": args.windows}
+    write_results(args.out.resolve(), data, render_window_nll(data))
     print(f"wrote {args.out}.md")
 
 

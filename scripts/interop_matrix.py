@@ -13,7 +13,7 @@ max |logit|, top-1 agreement). Writes results/interop.{json,md}.
 
     python scripts/interop_matrix.py [--nsamples 4 --calib-seqlen 128]
 
-GPTQModel (its own venv) is measured by scripts/bench_gptq_vs_peer.py; vLLM needs a CUDA
+GPTQModel (its own venv) is measured by scripts/bench_peers.py --loaders; vLLM needs a CUDA
 GPU and is listed as not run here.
 """
 
@@ -32,7 +32,8 @@ from qcal.data import eval_text
 from qcal.eval.perplexity import tokenize_text
 from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir
 from qcal.paths import results_dir, runs_dir
-from qcal.results import markdown_table, provenance, provenance_markdown, write_results
+from qcal.studies.bench import provenance, write_results
+from qcal.studies.bench_tables import interop_row, render_interop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,11 +150,10 @@ def main() -> None:
     tok = load_tokenizer(resolve_model_dir(model))
     ids = tokenize_text(tok, eval_text("en"))
     windows = ids[: args.windows * args.seqlen].reshape(args.windows, args.seqlen)
-    rows, data = [], []
+    data = []
     for sym, act in [(s, a) for s in (False, True) for a in (False, True)]:
         ckpts = make_checkpoints(args.work, sym, act, args.nsamples, args.calib_seqlen, model)
         ref = logits_of("qcal", ckpts["gptq"], windows, torch.float32)
-        scheme = ("sym" if sym else "asym") + (" act-order" if act else "")
         for fmt, path in ckpts.items():
             for loader in LOADERS[fmt]:
                 for dtype in (torch.float32, torch.bfloat16):
@@ -175,11 +175,7 @@ def main() -> None:
                         cell["loads"] = "no"
                         cell["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
                     data.append(cell)
-                    rows.append([fmt, scheme, loader, cell["dtype"], cell["loads"],
-                                 cell.get("max_rel_diff", "-"),
-                                 cell.get("top1_agree", cell.get("lm_eval_acc_5_items", "-")),
-                                 cell.get("error", "").replace("|", "/")])
-                    print(rows[-1], flush=True)
+                    print(interop_row(cell), flush=True)
     prov = provenance(
         "python scripts/interop_matrix.py" + "".join(f" {a}" for a in sys.argv[1:]),
         model=("qcal's tiny random Llama (qcal.model.tiny.build_tiny_llama: 2 layers, hidden "
@@ -190,23 +186,8 @@ def main() -> None:
                     "gptq_v2|compressed-tensors|awq",
         comparison=f"logits on {args.windows} held-out English windows of {args.seqlen} tokens "
                    "vs qcal's float32 load of the GPTQ checkpoint")
-    md = "\n\n".join([
-        "# Checkpoint interoperability: format x scheme x act-order x loader (CPU)",
-        provenance_markdown(prov),
-        markdown_table(["format", "scheme", "loader", "dtype", "loads", "max rel diff",
-                        "top-1 agree / lm_eval acc", "error"], rows, ".2e"),
-        "The default format, compressed-tensors, loads in every loader here, symmetric or "
-        "asymmetric, with or without act-order, with no extra argument (docs/formats.md says "
-        "how: actorder 'weight' for act-order, and `dequantize: true` in an asymmetric export's "
-        "quantization_config, which transformers reads and vLLM ignores). "
-        "transformers 5.24 reads the GPTQ and AWQ layouts only through GPTQModel/optimum (not "
-        "installed in qcal's environment by design), so those rows record the refusal; the "
-        "lm_eval column then fails the same way. lm_eval's accuracy on 5 items only shows that "
-        "the model ran. Not run here: vLLM (needs a CUDA GPU: `scripts/gpu_check.sh` is where "
-        "it belongs). GPTQModel 7.6.0 runs in its own venv (scripts/setup_peer_venv.sh) when "
-        "present; it reads asymmetric GPTQ checkpoints as `--format gptq_v2`.",
-    ])
-    write_results(args.out, {"provenance": prov, "cells": data}, md)
+    table = {"provenance": prov, "cells": data}
+    write_results(args.out, table, render_interop(table))
     print(f"wrote {args.out}.md")
 
 

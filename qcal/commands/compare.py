@@ -62,8 +62,12 @@ def add_parser(sub: Any) -> None:
                    help="results/<run> folders written by `qcal compare` (a study has defaults)")
     r.add_argument("--title", default=None, help="report title (default: the run's name)")
     r.add_argument("--study", default=None,
-                   help="render this study's report: zipcal, multilingual, confidence (with "
-                        "benchmarks) or selection")
+                   help="render a study's report or a benchmark's table: zipcal, "
+                        "multilingual, confidence (with benchmarks), selection; the method "
+                        "tables baseline, gptq, awq; architectures and reliability (run their "
+                        "checks); lambada-items (completes older benchmark cells); from a "
+                        "benchmark's JSON: peers, gptq-vs-peer, kernels, window-nll, "
+                        "shared-context, selection-cost, scaling, selectors, interop")
     r.add_argument("--out", type=Path, default=None,
                    help="with --study: the report's path without suffix (default under results/)")
     r.add_argument("--bench-grid", type=Path, action="append", default=None,

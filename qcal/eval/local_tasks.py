@@ -195,8 +195,9 @@ def write_task(out_dir: Path | str, name: str, items: Sequence[dict[str, Any]], 
 
 def validate_items(items: Sequence[dict[str, Any]], where: str) -> None:
     if not items:
-        raise LocalTaskError(f"{where} has no items; rebuild it (scripts/build_local_tasks.py) "
-                             "or point --include-path at a directory with non-empty item files")
+        raise LocalTaskError(f"{where} has no items; rebuild it (python -m "
+                             "qcal.provision.local_tasks) or point --include-path at a "
+                             "directory with non-empty item files")
     for k, it in enumerate(items):
         choices, gold = it.get("choices"), it.get("gold")
         if not isinstance(it.get("context"), str) or not isinstance(choices, list) \
@@ -212,7 +213,7 @@ def read_items(path: Path | str) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise LocalTaskError(f"item file {path} does not exist; run "
-                             "`python scripts/build_local_tasks.py` or fix the task YAML")
+                             "`python -m qcal.provision.local_tasks` or fix the task YAML")
     items = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():

@@ -119,7 +119,7 @@ def build_tiny_gemma3(
 
 
 # Tiny configs of common decoder-only families (2 layers, hidden 64): what the architecture
-# tests and scripts/architectures.py quantize. Keys are transformers config class names.
+# tests and `qcal report --study architectures` quantize. Keys are transformers config class names.
 _COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
 TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {

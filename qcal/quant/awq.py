@@ -146,8 +146,8 @@ def search_order(grid_points: int, coarse_to_fine: bool) -> tuple[list[int], boo
 
     Coarse to fine scores every other ratio, then the two between which the best lies on
     either side: 12 of 20 block losses. It returns the full grid's choice whenever the loss
-    is unimodal at the coarse spacing; how often it agrees on the default model is measured
-    by scripts/awq_search_check.py (results/awq_search_check.md).
+    is unimodal at the coarse spacing (on the default model a one-off check, since removed,
+    found it agreeing with the full grid; git history keeps scripts/awq_search_check.py).
     """
     if not coarse_to_fine or grid_points < 4:
         return list(range(grid_points)), False

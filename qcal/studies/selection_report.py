@@ -1,9 +1,9 @@
 """Multilingual-calibration and ZipCal tables of the issue-8 study (one seed, small budget).
 
-Reads the cells of the two grids run by `scripts/run_study_grid.sh`
+Reads the cells of the two grids run by `make study-grids`
 (results/multilingual_grid, results/zipcal_grid) and writes tables.{md,json} beside
 each grid's cells. (results/multilingual.md and results/zipcal.md belong to the seeded
-issue-15 studies, scripts/run_evidence_studies.sh, which supersede these.) Every number comes
+issue-15 studies, `make evidence-studies`, which supersede these.) Every number comes
 from the grid's cells (and, for selection cost, results/selectors.json); the
 comparison with the published findings is computed from those numbers.
 Run: qcal report --study selection [results/multilingual_grid results/zipcal_grid]
@@ -208,7 +208,7 @@ def grid_provenance(run: Path, cells: dict) -> dict:
     dates = sorted(p["date"] for p in cell_prov if p.get("date"))
     commits = sorted({p.get("git_commit") for p in cell_prov if p.get("git_commit")})
     return provenance(
-        command=f"bash scripts/run_study_grid.sh  (= qcal compare --config configs/{run.name}.yaml; "
+        command=f"make study-grids  (= qcal compare --config configs/{run.name}.yaml; "
                 "then qcal report --study selection)",
         grid=", ".join(f"{k}={v}" for k, v in spec.items() if v not in (None, [], ())),
         model="SmolLM2-135M-Instruct (default model)",
@@ -237,7 +237,7 @@ def render(grids: list[Path], out: Path | None = None) -> None:
                           f"not {', '.join(unknown)}")
     for run in runs:
         if not (run / "cells").is_dir():
-            print(f"{run} has no cells yet; run scripts/run_study_grid.sh")
+            print(f"{run} has no cells yet; run make study-grids")
             continue
         cells = load_cells(run)
         langs, table = ppl_table(cells)

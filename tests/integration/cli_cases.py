@@ -1,5 +1,5 @@
 """What the bad-input suites share: `Cli` runs qcal in-process and records each refused
-case for results/reliability.md (scripts/reliability_table.py); content digests,
+case for results/reliability.md (qcal report --study reliability); content digests,
 argument builders for the tiny model, a pickle payload. Fixtures `cli` and `home` are
 in conftest.py."""
 

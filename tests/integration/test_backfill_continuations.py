@@ -1,31 +1,22 @@
-"""scripts/backfill_continuation_items.py: a cell recorded before qcal kept LAMBADA's
-per-item results gets them from its score store, checked against its recorded metrics,
-and a store that does not reproduce them writes nothing."""
+"""`qcal report GRID --study lambada-items` (qcal/studies/lambada_items.py): a cell
+recorded before qcal kept LAMBADA's per-item results gets them from its score store,
+checked against its recorded metrics, and a store that does not reproduce them writes nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from qcal.cli import main
 from qcal.eval.benchmarks import benchmark_tasks_dir
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "backfill", ROOT / "scripts" / "backfill_continuation_items.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_backfill_restores_items_from_the_score_store(tmp_path: Path, tiny_model_dir: Path,
-                                                      capsys) -> None:
+                                                      capsys, monkeypatch) -> None:
     tasks_dir = benchmark_tasks_dir()
     if tasks_dir is None or not (tasks_dir / "lambada_openai.yaml").is_file():
         pytest.skip("benchmarks not provisioned (`qcal provision`, part of setup)")
@@ -36,7 +27,8 @@ def test_backfill_restores_items_from_the_score_store(tmp_path: Path, tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    grid, work = tmp_path / "results" / "g", tmp_path / "work"
+    grid, work = tmp_path / "results" / "g", tmp_path / "runs" / "compare" / "g"
+    monkeypatch.setenv("QCAL_RUNS_DIR", str(tmp_path / "runs"))
     (grid / "cells").mkdir(parents=True)
     (grid / "grid.json").write_text(json.dumps({"spec": {"model": str(tiny_model_dir)}}))
     store = ScoreStore(work / "scores" / "float.jsonl", {"model": "tiny"})
@@ -49,8 +41,7 @@ def test_backfill_restores_items_from_the_score_store(tmp_path: Path, tiny_model
                                                    "results": {"model": run.metrics},
                                                    "info": run.info}}}
     (grid / "cells" / "float.json").write_text(json.dumps(cell))
-    backfill = _script()
-    assert backfill.main(["--grid", str(grid), "--work", str(work)]) == 0
+    assert main(["report", str(grid), "--study", "lambada-items"]) == 0
     written = json.loads((grid / "cells" / "float.json").read_text())
     items = written["eval"]["lm_eval"]["continuation_items"]["lambada_openai"]
     assert items == run.continuations["lambada_openai"]
@@ -64,6 +55,6 @@ def test_backfill_restores_items_from_the_score_store(tmp_path: Path, tiny_model
     lines[1] = json.dumps([key, ll - 1.0, greedy])
     (work / "scores" / "float.jsonl").write_text("\n".join(lines) + "\n")
     before = (grid / "cells" / "float.json").read_text()
-    assert backfill.main(["--grid", str(grid), "--work", str(work)]) == 2
+    assert main(["report", str(grid), "--study", "lambada-items"]) == 2
     assert "not written" in capsys.readouterr().err
     assert (grid / "cells" / "float.json").read_text() == before

@@ -2,7 +2,7 @@
 correctness and hygiene. Each refusal exits 2 with one line naming problem and fix, and
 nothing outside the output is touched or left behind.
 
-`python scripts/reliability_table.py` runs both parts (test_bad_input_safety.py,
+`qcal report --study reliability` runs both parts (test_bad_input_safety.py,
 test_bad_input_errors.py) and turns each case's recorded outcome into results/reliability.md.
 """
 

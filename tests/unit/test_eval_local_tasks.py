@@ -117,3 +117,18 @@ def test_shipped_items_come_from_held_out_text_only() -> None:
     calib_text = "\n".join(d.text for d in calib)
     leaked = [c for it in rebuilt for c in it["choices"] if c in calib_text]
     assert not leaked
+
+
+def test_the_builder_command_rebuilds_the_shipped_task_directory(tmp_path: Path) -> None:
+    """`python -m qcal.provision.local_tasks` (the command the shipped files cite) writes
+    exactly the shipped files."""
+    from qcal.data import CorpusNotFoundError, load_documents
+    from qcal.provision.local_tasks import main
+
+    try:
+        load_documents("debian-handbook", ["en"], split="eval")
+    except CorpusNotFoundError as err:
+        pytest.skip(f"debian-handbook corpus not provisioned ({err})")
+    assert main(["--out", str(tmp_path)]) == 0
+    shipped = {p.name: p.read_bytes() for p in tasks_dir().iterdir() if p.is_file()}
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == shipped

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Build qcal's offline lm-eval tasks (next-sentence multiple choice) from held-out text.
 
 Items come only from the eval split of a packaged corpus (held-out chapters), so no
@@ -6,8 +5,8 @@ calibration text leaks into them. Writes, per language, `qcal_nextsent_<lang>.ya
 `.jsonl`, the group `qcal_nextsent.yaml`, and `manifest.json` into --out (default: the
 package's task directory, qcal/eval/tasks/). Deterministic for a given corpus and seed.
 
-    python scripts/build_local_tasks.py                      # en de fr es ru ja zh, 200 each
-    python scripts/build_local_tasks.py --langs en,it --n-items 100 --out /tmp/tasks
+    python -m qcal.provision.local_tasks                      # en de fr es ru ja zh, 200 each
+    python -m qcal.provision.local_tasks --langs en,it --n-items 100 --out /tmp/tasks
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     langs = [x.strip() for x in args.langs.split(",") if x.strip()]
     manifest = {"source": args.source, "split": "eval", "seed": args.seed,
                 "n_items_requested": args.n_items, "context_sentences": args.context_sentences,
-                "builder": "scripts/build_local_tasks.py", "tasks": {}}
+                "builder": "python -m qcal.provision.local_tasks", "tasks": {}}
     try:
         stats = read_stats(args.source)
         manifest["source_package"] = stats.get("package")
@@ -58,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                                      args.context_sentences, seed=args.seed)
         name = f"{TASK_PREFIX}_{lang}"
         desc = (f"next-sentence choice ({lang}), {len(items)} items from the held-out chapters "
-                f"of {args.source}; built by scripts/build_local_tasks.py --seed {args.seed}")
+                f"of {args.source}; built by python -m qcal.provision.local_tasks "
+                f"--seed {args.seed}")
         write_task(args.out, name, items, lang, desc)
         names.append(name)
         manifest["tasks"][name] = {"lang": lang, "items": len(items),

@@ -10,12 +10,11 @@ packed-vs-dequantized logit difference of the reloaded checkpoint, and KL(float 
 on 4 x 64 held-out tokens with its ratio to RTN's. Random weights: the KL column tells a
 wrong fold (several times RTN's) from a right one, not how well a trained model quantizes.
 
-    python scripts/architectures.py [--families llama,gpt2] [--out results/architectures]
+    qcal report --study architectures [--out results/architectures]   (a few minutes)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -113,36 +112,29 @@ def render(infos: list[dict], rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", default=",".join(TINY_FAMILIES))
-    parser.add_argument("--out", type=Path, default=Path("results/architectures"))
-    parser.add_argument("--render-only", action="store_true",
-                        help="re-render the Markdown from the JSON of an earlier run")
-    args = parser.parse_args()
-    if args.render_only:
-        data = json.loads(args.out.with_suffix(".json").read_text())
-        args.out.with_suffix(".md").write_text(render(data["families"], data["rows"], data["meta"]))
-        return
+def render_study(grids: list[Path], out: Path | None = None) -> None:
+    """Check every family of qcal.model.tiny.TINY_FAMILIES, then write the table to `out`."""
+    from qcal.errors import ConfigError
+    from qcal.paths import results_dir
+
+    if grids:
+        raise ConfigError("--study architectures reads no grid: drop the folders")
+    out = out or results_dir() / "architectures"
     infos, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for family in args.families.split(","):
+        for family in TINY_FAMILIES:
             info, family_table = family_rows(family, Path(tmp))
             infos.append(info)
             rows += family_table
             print(f"{family}: " + ", ".join(f"{r['method']} {'ok' if r['ok'] else 'FAIL'} "
                                              f"kl/rtn {r['kl_vs_rtn']:.2f}" for r in family_table),
                   flush=True)
-    meta = {"command": "python scripts/architectures.py" + (
-                f" --families {args.families}" if args.families != ",".join(TINY_FAMILIES) else ""),
+    meta = {"command": "qcal report --study architectures",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
             "date": time.strftime("%Y-%m-%d")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "families": infos,
-                                                         "rows": rows}, indent=2))
-    args.out.with_suffix(".md").write_text(render(infos, rows, meta))
-
-
-if __name__ == "__main__":
-    main()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "families": infos,
+                                                    "rows": rows}, indent=2))
+    out.with_suffix(".md").write_text(render(infos, rows, meta))
+    print(f"wrote {out}.md")

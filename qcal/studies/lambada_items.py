@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Give grid cells recorded before qcal kept per-item LAMBADA results their items, from the
 scores the grid kept, without running any model.
 
@@ -12,23 +11,20 @@ Only when those equal the metrics the cell recorded (acc and perplexity, to a re
 per-item records written into the cell (`eval.lm_eval.continuation_items`, atomically);
 a cell that already has them is left alone.
 
-    python scripts/backfill_continuation_items.py --grid results/study_benchmarks \
-        [--work runs/compare/study_benchmarks]
+    qcal report results/study_benchmarks [results/study_benchmarks_gemma3 ...] --study lambada-items
+
+Each grid's work folder is runs/compare/<grid name> (under $QCAL_RUNS_DIR when set).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from qcal.errors import QcalError
+from qcal.errors import ConfigError, QcalError
 from qcal.fsio import atomic_write_text
 from qcal.grid.runner import saved_spec
-
-ROOT = Path(__file__).resolve().parent.parent
 
 SINGLE_CONTINUATION_TASKS = ("lambada_openai",)
 
@@ -95,20 +91,14 @@ def backfill(grid: Path, work: Path) -> list[str]:
     return done
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--grid", type=Path, required=True, help="results/<grid>")
-    parser.add_argument("--work", type=Path, default=None,
-                        help="the grid's work folder (default runs/compare/<grid name>)")
-    args = parser.parse_args(argv)
-    work = args.work or ROOT / "runs" / "compare" / args.grid.name
-    try:
-        backfill(args.grid, work)
-    except QcalError as err:
-        print(f"backfill: {err}", file=sys.stderr)
-        return 2
-    return 0
+def render(grids: list[Path], out: Path | None = None) -> None:
+    """Backfill every grid in `grids` from its work folder's score store."""
+    from qcal.paths import runs_dir
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if not grids or out is not None:
+        raise ConfigError("--study lambada-items needs the grid folders it completes "
+                          "(e.g. results/study_benchmarks) and writes into their cells, not --out")
+    for grid in grids:
+        if not (grid / "grid.json").is_file():
+            raise ConfigError(f"{grid} holds no grid; give a folder `qcal compare` wrote")
+        backfill(grid, runs_dir() / "compare" / grid.name)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Run the bad-input and fault suite and write results/reliability.{json,md}.
 
 Each row is a case that tests/integration/test_bad_input_*.py ran and checked (exit code, the
@@ -6,12 +5,13 @@ one error line, nothing outside the output touched, no output/work dir left, pay
 run); the line shown is what qcal printed. Rows are grouped by the pattern of issue 37 they
 test. A case whose test failed is listed as FAILED.
 
-    python scripts/reliability_table.py
+    qcal report --study reliability [--out results/reliability]
+
+It runs the suite of a source checkout (its tests/), so it works from one only.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests/ hold the suite
 
 SUITE = ("tests/integration/test_bad_input_safety.py",
          "tests/integration/test_bad_input_errors.py",
@@ -57,11 +57,22 @@ def pattern_of(row: dict) -> str:
     return row.get("pattern") or MODULE_PATTERN.get(module, "other")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "reliability")
-    args = parser.parse_args()
+def render(grids: list[Path], out: Path | None = None) -> None:
+    """Run the suite, then write its table to `out` (default results/reliability)."""
+    from qcal.errors import ConfigError
+
+    if grids:
+        raise ConfigError("--study reliability reads no grid: drop the folders")
+    missing = [name for name in SUITE if not (ROOT / name).is_file()]
+    if missing:
+        raise ConfigError(f"--study reliability runs the tests of a source checkout; "
+                          f"{ROOT / missing[0]} is missing: run it from a git clone of qcal")
     rows, outcomes = run_suite()
+    write_table(rows, outcomes, out or ROOT / "results" / "reliability")
+
+
+def write_table(rows: list[dict], outcomes: dict[str, str], out: Path) -> None:
+    """The table of the suite's recorded cases (`rows`) and test outcomes, to `out`."""
     groups: dict[str, list[list]] = {}
     for r in rows:
         status = outcomes.get(r["test"].split("[")[0], outcomes.get(r["test"], "?"))
@@ -75,7 +86,7 @@ def main() -> None:
             groups.setdefault("9. Tests without a recorded line (skipped or failed)", []).append(
                 [test, "-", "-", "-", status])
     table = [row for rows_ in groups.values() for row in rows_]
-    prov = provenance("python scripts/reliability_table.py", suite=", ".join(SUITE),
+    prov = provenance("qcal report --study reliability", suite=", ".join(SUITE),
                       model="tiny random Llama (qcal.model.tiny, 2 layers), built by the tests")
     handled = sum(1 for row in table if row[-1] == "handled")
     skipped = sum(1 for row in table if row[-1] == "skipped")
@@ -116,11 +127,8 @@ def main() -> None:
         "Python; the schema covers every argparse option and grid key "
         "(tests/unit/test_schema_coverage.py). GPTQ's numerical errors are specific too "
         "(tests/unit/test_gptq.py).",
-        "Reproduce: `python scripts/reliability_table.py` (runs the suite, a few minutes).",
+        "Reproduce: `qcal report --study reliability` (runs the suite, a few minutes).",
     ])
-    write_results(args.out, data, md)
-    print(f"wrote {args.out}.md: {handled} handled, {failed} failed, {skipped} skipped")
+    write_results(out, data, md)
+    print(f"wrote {out}.md: {handled} handled, {failed} failed, {skipped} skipped")
 
-
-if __name__ == "__main__":
-    main()

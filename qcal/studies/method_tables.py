@@ -1,25 +1,22 @@
-#!/usr/bin/env python
-"""Render benchmark tables from finished comparison grids (configs/*.yaml -> results/).
+"""The method benchmarks' tables from their finished grids (configs/*.yaml -> results/).
 
-    python scripts/grid_tables.py baseline   # results/baseline_grid -> results/baseline.{json,md}
-    python scripts/grid_tables.py gptq       # results/gptq_vs_rtn   -> results/gptq.{json,md}
-    python scripts/grid_tables.py awq        # results/awq_vs_rtn    -> results/awq.{json,md}
+    qcal report --study baseline   # results/baseline_grid -> results/baseline.{json,md}
+    qcal report --study gptq       # results/gptq_vs_rtn   -> results/gptq.{json,md}
+    qcal report --study awq        # results/awq_vs_rtn    -> results/awq.{json,md}
 
 The grids do the work (`qcal compare --config configs/<grid>.yaml`, cached and resumable;
-scripts/run_benchmark_grids.sh runs all three); this script only reads their cells.
-`--time-cli` additionally times one `qcal quantize` process under /usr/bin/time -v for
-the peak-RSS figure (the grid runs cells in-process, where RSS is not per cell).
+`make benchmark-grids` runs all three); this only reads their cells. The one `qcal quantize`
+process timed under /usr/bin/time -v for the peak-RSS figure (the grid runs cells
+in-process, where RSS is not per cell) is a measurement no grid holds: a report written
+again over an earlier one keeps the timing that one recorded.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from qcal.cli import command_prefix
 from qcal.grid import load_cells
 from qcal.grid.report import float_key, ppl_table
 from qcal.paths import default_model_dir, results_dir
@@ -27,7 +24,6 @@ from qcal.results import (
     markdown_table,
     provenance,
     provenance_markdown,
-    timed_command,
     write_results,
 )
 
@@ -56,7 +52,7 @@ def grid_provenance(root: Path, cells: dict[str, Any], name: str) -> dict[str, A
     loads = [c["provenance"]["machine"].get("load_average") for c in cells.values()
              if c.get("provenance")]
     return provenance(
-        f"qcal compare --config configs/{spec['name']}.yaml && python scripts/grid_tables.py {name}",
+        f"qcal compare --config configs/{spec['name']}.yaml && qcal report --study {name}",
         model=spec.get("model") or f"default ({default_model_dir().name})",
         calibration=(f"{spec['source']} calib split, selector(s) {', '.join(spec['selectors'])}, "
                      f"{spec['nsamples']} x {spec['seqlen']} tokens, seed {spec['seed']}"
@@ -137,59 +133,64 @@ def awq_search_summary(root: Path, cells: dict[str, Any]) -> str:
                              rows, ".3f"))
 
 
-def time_cli(method: str, spec: dict[str, Any]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        args = ["quantize", "--method", method, "--bits", str(spec["bits"]), "--group-size",
-                str(spec["group_size"]), "--nsamples", str(spec["nsamples"]), "--seqlen",
-                str(spec["seqlen"]),
-                *(["--allow-ragged-groups"] if spec.get("allow_ragged_groups", True) else []),
-                "-o", str(Path(tmp) / "ckpt")]
-        run = timed_command([*command_prefix(), *args])
-    run.pop("error_tail", None)
-    return {"command": "qcal " + " ".join(args[:-2]), **run}
+TITLES = {"baseline": "Baseline: float vs RTN w4g128 on the default model",
+          "gptq": "GPTQ vs RTN (w4, group 128) on the default model",
+          "awq": "AWQ vs GPTQ vs RTN (w4g128, asym) on the default model"}
+NOTES = {
+    "gptq": "These perplexities equal, to the last digit, the ones the former "
+            "scripts/bench_gptq.py measured with its own quantize loop (float 27.493, "
+            "RTN 35.724 / 40.231, GPTQ 34.576 / 36.149, with act-order 31.966 / "
+            "32.166): the grid reproduces them through `run_recipe`. Act-order is what "
+            "makes GPTQ recover at least 40% of the RTN-to-float gap on this model.",
+    "awq": "These perplexities equal, to the last digit, the ones the former "
+           "scripts/bench_awq.py measured on the same 32 x 512 calibration windows "
+           "(float 27.493, RTN 35.724, AWQ 31.569, GPTQ 35.546). GPTQ here runs "
+           "without act-order, which on this model recovers little of the gap "
+           "(results/gptq.md); AWQ recovers half of it.",
+}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=sorted(GRIDS))
-    parser.add_argument("--time-cli", action="store_true",
-                        help="also time one `qcal quantize` process (peak RSS, wall)")
-    args = parser.parse_args()
-    root = results_dir() / GRIDS[args.which]
+def render_table(name: str, grids: list[Path], out: Path | None = None) -> None:
+    """Write results/<name>.{json,md} (or `out`) from the grid (default results/<grid>)."""
+    from qcal.errors import ConfigError
+
+    if len(grids) > 1:
+        raise ConfigError(f"--study {name} renders one grid; give one folder (default "
+                          f"results/{GRIDS[name]})")
+    root = grids[0] if grids else results_dir() / GRIDS[name]
+    if not (root / "grid.json").is_file():
+        raise ConfigError(f"{root} holds no grid; run `qcal compare --config "
+                          f"configs/{GRIDS[name]}.yaml` first")
+    out = out or results_dir() / name
     cells = load_cells(root)
-    prov = grid_provenance(root, cells, args.which)
-    titles = {"baseline": "Baseline: float vs RTN w4g128 on the default model",
-              "gptq": "GPTQ vs RTN (w4, group 128) on the default model",
-              "awq": "AWQ vs GPTQ vs RTN (w4g128, asym) on the default model"}
-    rows, body = (render_baseline(cells) if args.which == "baseline" else render_methods(cells))
-    parts = [f"# {titles[args.which]}", provenance_markdown(prov), body]
+    prov = grid_provenance(root, cells, name)
+    rows, body = render_baseline(cells) if name == "baseline" else render_methods(cells)
+    parts = [f"# {TITLES[name]}", provenance_markdown(prov), body]
     data: dict[str, Any] = {"provenance": prov, "rows": rows, "grid": str(root)}
-    if args.which == "awq":
+    if name == "awq":
         parts.append(awq_search_summary(root, cells))
-    if args.time_cli:
-        spec = json.loads((root / "grid.json").read_text())["spec"]
-        method = {"gptq": "gptq", "awq": "awq"}.get(args.which, "rtn")
-        data["cli"] = time_cli(method, spec)
-        cli = data["cli"]
+    earlier = out.with_suffix(".json")
+    cli = json.loads(earlier.read_text()).get("cli") if earlier.is_file() else None
+    if cli:
+        data["cli"] = cli
         parts.append(f"One CLI process, timed: `{cli['command']}`: wall {cli['wall_seconds']} s, "
                      f"peak RSS {cli['max_rss_mib']} MiB, load average before/after "
                      f"{cli['load_before']} / {cli['load_after']}.")
-    if args.which == "gptq":
-        parts.append("These perplexities equal, to the last digit, the ones the former "
-                     "scripts/bench_gptq.py measured with its own quantize loop (float 27.493, "
-                     "RTN 35.724 / 40.231, GPTQ 34.576 / 36.149, with act-order 31.966 / "
-                     "32.166): the grid reproduces them through `run_recipe`. Act-order is what "
-                     "makes GPTQ recover at least 40% of the RTN-to-float gap on this model.")
-    if args.which == "awq":
-        parts.append("These perplexities equal, to the last digit, the ones the former "
-                     "scripts/bench_awq.py measured on the same 32 x 512 calibration windows "
-                     "(float 27.493, RTN 35.724, AWQ 31.569, GPTQ 35.546). GPTQ here runs "
-                     "without act-order, which on this model recovers little of the gap "
-                     "(results/gptq.md); AWQ recovers half of it.")
+    if name in NOTES:
+        parts.append(NOTES[name])
     parts.append(CAVEAT)
-    write_results(results_dir() / args.which, data, "\n\n".join(parts))
-    print(f"wrote {results_dir() / args.which}.md")
+    write_results(out, data, "\n\n".join(parts))
+    print(f"wrote {out}.md")
 
 
-if __name__ == "__main__":
-    main()
+def render_baseline_study(grids: list[Path], out: Path | None = None) -> None:
+    render_table("baseline", grids, out)
+
+
+def render_gptq_study(grids: list[Path], out: Path | None = None) -> None:
+    render_table("gptq", grids, out)
+
+
+def render_awq_study(grids: list[Path], out: Path | None = None) -> None:
+    render_table("awq", grids, out)
+

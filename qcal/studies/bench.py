@@ -1,0 +1,98 @@
+"""The one harness of the benchmark scripts (scripts/bench_*.py): cached steps, timed
+subprocesses, the load average, provenance.
+
+- `Steps`: a benchmark's finished steps in qcal's step cache (`qcal.cache.JsonSteps`) under
+  its work folder, keyed by the setting they share, so an interrupted run resumes, a failed
+  subprocess step is run again, and a work folder of another setting is refused.
+- `timed`: one command under GNU `/usr/bin/time -v` (`qcal.results.timed_command`: wall,
+  user and system seconds, peak RSS, load average before and after), echoed as it starts.
+- `load_average`: the 1/5/15-minute load, rounded, for in-process timings; `clock`: one
+  in-process call's result and wall seconds.
+- `provenance`, `provenance_markdown`, `markdown_table`, `write_results`: what every results/
+  table carries (command, date, git commit, machine with its load average, torch).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qcal.cache import JsonSteps, StepCache
+from qcal.results import (
+    markdown_table,
+    provenance,
+    provenance_markdown,
+    timed_command,
+    write_results,
+)
+
+__all__ = ["Steps", "clock", "load_average", "markdown_table", "provenance", "provenance_markdown",
+           "timed", "write_results"]
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load average (None where the OS has none)."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def clock(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """`fn()` and the wall seconds it took (perf_counter)."""
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None,
+          cwd: Path | str | None = None) -> dict[str, Any]:
+    """Run `cmd` under `/usr/bin/time -v`, echoing it first and its error tail if it fails."""
+    print("$", shlex.join(str(c) for c in cmd), flush=True)
+    run = timed_command([str(c) for c in cmd], env=env, cwd=Path(cwd) if cwd else None)
+    if run["returncode"] != 0:
+        print(run.get("error_tail", ""), file=sys.stderr)
+    return run
+
+
+def failed(saved: Any) -> bool:
+    """A saved subprocess step that exited non-zero: run it again rather than keep it."""
+    return isinstance(saved, dict) and saved.get("returncode", 0) != 0
+
+
+class Steps:
+    """The steps of one benchmark run, cached in `work` under the fingerprint of `setting`.
+
+    `fresh` discards the folder first; `only` (names before any "/") limits which steps
+    run, the others answering from the cache or None."""
+
+    def __init__(self, work: Path, setting: Any, fresh: bool = False,
+                 only: list[str] | None = None) -> None:
+        if fresh:
+            shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True, exist_ok=True)
+        self.work, self.only = work, only
+        self.cache = JsonSteps(StepCache(work), "steps", setting)
+        if self.cache.other_settings():
+            raise SystemExit(f"{work} holds a run with other settings; pass --fresh")
+
+    @property
+    def results(self) -> dict[str, Any]:
+        return self.cache.results
+
+    def get(self, key: str) -> Any | None:
+        return self.cache.get(key)
+
+    def run(self, key: str, compute: Callable[[], Any]) -> Any:
+        """The step's cached result, else `compute()`'s (announced, then cached)."""
+        if self.only is not None and key.split("/")[0] not in self.only:
+            return self.cache.get(key)
+
+        def announced() -> Any:
+            print(f"== {key}", flush=True)
+            return compute()
+
+        return self.cache.run(key, announced, failed)

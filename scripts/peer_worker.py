@@ -1,0 +1,199 @@
+"""Runs inside a peer's own virtualenv (no qcal import): quantize with GPTQModel or AutoAWQ,
+or score a checkpoint as GPTQModel or transformers (+ optimum) loads it. Called by
+scripts/bench_peers.py; every input comes from files it wrote (token ids as safetensors,
+never pickle), every output goes to a JSON file it reads.
+
+    python peer_worker.py gptqmodel MODEL_DIR CALIB.safetensors OUT_DIR RESULT.json \
+        [--sym] [--desc-act] [--group G]
+    python peer_worker.py autoawq MODEL_DIR CALIB.safetensors OUT_DIR RESULT.json \
+        --group 64 [--max-layers N]
+    python peer_worker.py ppl|hf-ppl CHECKPOINT_DIR WINDOWS.safetensors RESULT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+def gptqmodel(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool,
+              desc_act: bool = False, group: int = 128) -> None:
+    import torch
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from safetensors.torch import load_file
+
+    ids = load_file(calib_path)["ids"]
+    calib = [{"input_ids": row.tolist(), "attention_mask": [1] * row.numel()} for row in ids]
+    # Matched to qcal's settings: plain GPTQ (act-order only when asked), no group-aware
+    # reordering (a GPTQModel extension qcal does not have).
+    cfg = QuantizeConfig(bits=4, group_size=group, sym=sym, desc_act=desc_act, act_group_aware=False,
+                         damp_percent=0.01)
+    started = time.perf_counter()
+    # float32 like qcal (GPTQModel's CPU default is bfloat16).
+    model = GPTQModel.load(model_dir, cfg, device="cpu", dtype=torch.float32)
+    loaded = time.perf_counter()
+    model.quantize(calib, batch_size=4)
+    quantized = time.perf_counter()
+    model.save(out_dir)
+    saved = time.perf_counter()
+    Path(result).write_text(json.dumps({
+        "load_seconds": round(loaded - started, 1),
+        "quantize_seconds": round(quantized - loaded, 1),
+        "save_seconds": round(saved - quantized, 1),
+        "config": {"bits": 4, "group_size": group, "sym": sym, "desc_act": desc_act,
+                   "act_group_aware": False, "damp_percent": 0.01},
+    }, indent=2))
+
+
+def _load(checkpoint: str, loader: str, backend: str | None, dtype: Any = None) -> Any:
+    import torch
+
+    dtype = dtype or torch.float32
+    if loader == "transformers":
+        from transformers import AutoModelForCausalLM, GPTQConfig
+
+        extra = {"quantization_config": GPTQConfig(bits=4, backend=backend)} if backend else {}
+        return AutoModelForCausalLM.from_pretrained(checkpoint, device_map="cpu", dtype=dtype,
+                                                    trust_remote_code=False, **extra)
+    from gptqmodel import GPTQModel
+
+    extra = {"backend": backend} if backend else {}
+    return GPTQModel.load(checkpoint, device="cpu", dtype=dtype, **extra).model
+
+
+def _score(net: Any, windows: Any) -> tuple[float, int]:
+    import torch
+    import torch.nn.functional as F
+
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, windows.shape[0], 4):
+            batch = windows[start:start + 4]
+            logits = net(input_ids=batch).logits.float()
+            nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                  batch[:, 1:].reshape(-1), reduction="sum")
+            total += float(nll)
+            tokens += batch[:, 1:].numel()
+    return total, tokens
+
+
+def ppl(checkpoint: str, windows_path: str, result: str, loader: str = "gptqmodel") -> None:
+    """Perplexity of a checkpoint as GPTQModel (or transformers + optimum) loads it.
+
+    First with the loader's automatic kernel choice; if that kernel fails (GPTQModel's
+    CPU int4 kernel needs in_features divisible by the group size, although its
+    validation accepts 576 with group 128), again with GPTQModel's pure-torch kernel in
+    bfloat16 (the only float dtypes it takes), and the first failure is reported too.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    windows = load_file(windows_path)["ids"]
+    auto_error = None
+    started = time.perf_counter()
+    try:
+        net = _load(checkpoint, loader, None).eval()
+        total, tokens = _score(net, windows)
+        backend = "auto"
+    except RuntimeError as err:
+        auto_error = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"
+        print(f"automatic kernel failed ({auto_error}); retrying with gptq_torch", flush=True)
+        started = time.perf_counter()
+        net = _load(checkpoint, loader, "gptq_torch", torch.bfloat16).eval()
+        total, tokens = _score(net, windows)
+        backend = "gptq_torch"
+    Path(result).write_text(json.dumps({
+        "ppl": math.exp(total / tokens), "tokens": tokens, "windows": int(windows.shape[0]),
+        "seconds": round(time.perf_counter() - started, 1), "backend": backend,
+        "auto_error": auto_error,
+        "kernels": sorted({type(m).__name__ for m in net.modules() if hasattr(m, "qweight")}),
+        "dtype": str(next(net.parameters()).dtype),
+    }, indent=2))
+
+
+
+class _Enough(Exception):
+    """Raised at the start of layer N+1 when only N layers were asked for."""
+
+
+def autoawq(args: argparse.Namespace) -> None:
+    """AWQ-quantize with AutoAWQ; per-layer times are taken at the start of each decoder
+    layer's search (AutoAWQ's `_get_input_feat` runs first for every layer); with
+    --max-layers N the run stops after N layers and reports only those (no checkpoint)."""
+    import torch
+    from awq import AutoAWQForCausalLM
+    from awq.quantize.quantizer import AwqQuantizer
+    from safetensors.torch import load_file
+    from transformers import PreTrainedTokenizerFast
+
+    ids = load_file(args.calib)["ids"]
+    stamps: list[float] = []
+    original = AwqQuantizer._get_input_feat
+
+    def timed_input_feat(self, layer, named_linears):  # type: ignore[no-untyped-def]
+        stamps.append(time.perf_counter())
+        if args.max_layers and len(stamps) > args.max_layers:
+            raise _Enough
+        return original(self, layer, named_linears)
+
+    AwqQuantizer._get_input_feat = timed_input_feat
+    started = time.perf_counter()
+    # float32 like qcal; AutoAWQ's default on CPU would be float16.
+    model = AutoAWQForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32,
+                                               device_map="cpu")
+    # The tokenizer_config.json written by transformers 5 names a class 4.51 does not have;
+    # the windows are token ids already, so the fast tokenizer from tokenizer.json suffices.
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(Path(args.model_dir) / "tokenizer.json"))
+    loaded = time.perf_counter()
+    # Matched to qcal's AWQ defaults: w4, zero point (asymmetric), 20 ratios, no duo scaling,
+    # clip search on; the same windows (lists of token ids are used as they are).
+    config = {"zero_point": True, "q_group_size": args.group, "w_bit": 4, "version": "GEMM"}
+    finished = True
+    try:
+        model.quantize(tokenizer, quant_config=config, calib_data=[row.tolist() for row in ids],
+                       max_calib_samples=ids.shape[0], max_calib_seq_len=ids.shape[1],
+                       duo_scaling=False)
+    except _Enough:
+        finished = False
+    ended = time.perf_counter()
+    stamps.append(ended)
+    if finished:
+        model.save_quantized(args.out_dir)
+    layer_seconds = [round(b - a, 2) for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
+    if not finished:
+        layer_seconds = layer_seconds[:args.max_layers]
+    Path(args.result).write_text(json.dumps({
+        "finished": finished,
+        "load_seconds": round(loaded - started, 1),
+        "quantize_seconds": round(ended - loaded, 1) if finished else None,
+        "layer_seconds": layer_seconds,
+        "config": {**config, "duo_scaling": False, "dtype": "float32"},
+    }, indent=2))
+
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=("gptqmodel", "autoawq", "ppl", "hf-ppl"))
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--group", type=int, default=None)
+    p.add_argument("--sym", action="store_true")
+    p.add_argument("--desc-act", action="store_true")
+    p.add_argument("--max-layers", type=int, default=0)
+    args = p.parse_args()
+    if args.command == "gptqmodel":
+        gptqmodel(*args.paths[:4], sym=args.sym, desc_act=args.desc_act, group=args.group or 128)
+    elif args.command == "autoawq":
+        args.model_dir, args.calib, args.out_dir, args.result = args.paths[:4]
+        args.group = args.group or 64
+        autoawq(args)
+    else:
+        ppl(*args.paths[:3], loader="transformers" if args.command == "hf-ppl" else "gptqmodel")
+
+
+if __name__ == "__main__":
+    main()
