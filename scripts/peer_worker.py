@@ -4,7 +4,7 @@ scripts/bench_peers.py; every input comes from files it wrote (token ids as safe
 never pickle), every output goes to a JSON file it reads.
 
     python peer_worker.py gptqmodel MODEL_DIR CALIB.safetensors OUT_DIR RESULT.json \
-        [--sym] [--desc-act] [--group G]
+        [--sym] [--desc-act] [--group G] [--dtype float32|bfloat16] [--max-layers N]
     python peer_worker.py autoawq MODEL_DIR CALIB.safetensors OUT_DIR RESULT.json \
         --group 64 [--max-layers N]
     python peer_worker.py ppl|hf-ppl CHECKPOINT_DIR WINDOWS.safetensors RESULT.json
@@ -21,9 +21,14 @@ from typing import Any
 
 
 def gptqmodel(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool,
-              desc_act: bool = False, group: int = 128) -> None:
+              desc_act: bool = False, group: int = 128, dtype: str = "float32",
+              max_layers: int = 0) -> None:
+    """GPTQ with GPTQModel. The result JSON is rewritten after every decoder layer (a run
+    stopped from outside still says how far it got); with `max_layers` N it stops after N
+    layers (GPTQModel's layer callback) and saves nothing."""
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
+    from gptqmodel.looper.module_looper import StopMainLoop
     from safetensors.torch import load_file
 
     ids = load_file(calib_path)["ids"]
@@ -32,21 +37,41 @@ def gptqmodel(model_dir: str, calib_path: str, out_dir: str, result: str, sym: b
     # reordering (a GPTQModel extension qcal does not have).
     cfg = QuantizeConfig(bits=4, group_size=group, sym=sym, desc_act=desc_act, act_group_aware=False,
                          damp_percent=0.01)
+    info: dict[str, Any] = {"config": {"bits": 4, "group_size": group, "sym": sym,
+                                       "desc_act": desc_act, "act_group_aware": False,
+                                       "damp_percent": 0.01, "dtype": dtype},
+                            "finished": False, "layer_seconds": []}
     started = time.perf_counter()
-    # float32 like qcal (GPTQModel's CPU default is bfloat16).
-    model = GPTQModel.load(model_dir, cfg, device="cpu", dtype=torch.float32)
+
+    def write() -> None:
+        Path(result).write_text(json.dumps(info, indent=2))
+
+    # qcal computes in float32; GPTQModel's CPU default is bfloat16 (its stored dtype).
+    model = GPTQModel.load(model_dir, cfg, device="cpu", dtype=getattr(torch, dtype))
     loaded = time.perf_counter()
+    info["load_seconds"] = round(loaded - started, 1)
+    stamps = [loaded]
+    write()
+
+    def layer_done(layer_idx: int, submodule_finalized: bool) -> Any:
+        if not submodule_finalized:
+            return None
+        stamps.append(time.perf_counter())
+        if not (max_layers and len(info["layer_seconds"]) >= max_layers):
+            info["layer_seconds"].append(round(stamps[-1] - stamps[-2], 2))
+            write()
+        # GPTQModel ends its loop quietly on this answer (quantize() returns normally).
+        return StopMainLoop if max_layers and len(info["layer_seconds"]) >= max_layers else None
+
+    model.layer_callback = layer_done
     model.quantize(calib, batch_size=4)
+    info["finished"] = not (max_layers and len(info["layer_seconds"]) >= max_layers)
     quantized = time.perf_counter()
-    model.save(out_dir)
-    saved = time.perf_counter()
-    Path(result).write_text(json.dumps({
-        "load_seconds": round(loaded - started, 1),
-        "quantize_seconds": round(quantized - loaded, 1),
-        "save_seconds": round(saved - quantized, 1),
-        "config": {"bits": 4, "group_size": group, "sym": sym, "desc_act": desc_act,
-                   "act_group_aware": False, "damp_percent": 0.01},
-    }, indent=2))
+    info["quantize_seconds"] = round(quantized - loaded, 1)
+    if info["finished"]:
+        model.save(out_dir)
+        info["save_seconds"] = round(time.perf_counter() - quantized, 1)
+    write()
 
 
 def _load(checkpoint: str, loader: str, backend: str | None, dtype: Any = None) -> Any:
@@ -184,9 +209,11 @@ def main() -> None:
     p.add_argument("--sym", action="store_true")
     p.add_argument("--desc-act", action="store_true")
     p.add_argument("--max-layers", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args()
     if args.command == "gptqmodel":
-        gptqmodel(*args.paths[:4], sym=args.sym, desc_act=args.desc_act, group=args.group or 128)
+        gptqmodel(*args.paths[:4], sym=args.sym, desc_act=args.desc_act, group=args.group or 128,
+                  dtype=args.dtype, max_layers=args.max_layers)
     elif args.command == "autoawq":
         args.model_dir, args.calib, args.out_dir, args.result = args.paths[:4]
         args.group = args.group or 64
