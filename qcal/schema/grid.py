@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, Strict, field_validator, model_validator
 
-from qcal.schema.fields import Options, PlainName, Selector, Source
+from qcal.schema.fields import Options, PlainName, SchemeOverrideText, Selector, Source
 
 StrictInt = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
@@ -93,6 +93,8 @@ class GridKeys(Options):
     task_limits: dict[str, Annotated[int, Strict(), Field(ge=1)]] = Field(
         {}, description="must map a task to its number of items, e.g. {mmlu: 50}")
     eval_text_file: str | None = None
+    scheme_overrides: list[SchemeOverrideText] = Field(
+        [], description="a list of 'REGEX=bits:B,group:G[,sym:true|false]' (or 'REGEX=skip')")
 
     @field_validator("methods")
     @classmethod

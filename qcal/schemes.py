@@ -1,0 +1,120 @@
+"""Per-module schemes (--scheme-override) at the boundaries: what a checkpoint format can
+store, whether each pattern names a quantized linear of the model (from its meta skeleton,
+before any weight is read), and GPTQModel's `dynamic` field both ways.
+
+The per-linear resolution itself is `qcal.config.scheme_for` (first matching override
+wins, as GPTQModel's `dynamic`); runners reach it through `ModuleSelection.scheme_of`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from qcal.config import (
+    FORMAT_BITS,
+    ModuleSelection,
+    QuantScheme,
+    SchemeOverride,
+    check_overrides,
+    scheme_for,
+)
+from qcal.errors import CheckpointError, ConfigError
+
+
+def check_format(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> None:
+    """Refuse what checkpoint format `fmt` cannot store, before any model is loaded."""
+    if not overrides:
+        return
+    if fmt == "awq" and any(not o.skip for o in overrides):
+        raise ConfigError("--format awq (AutoAWQ's GEMM layout) holds one scheme for every "
+                          "linear; use --format compressed-tensors or gptq with "
+                          "--scheme-override")
+    check_overrides(base, overrides, fmt)
+    if fmt not in FORMAT_BITS:
+        raise ConfigError(f"--format {fmt!r} is unknown; use one of {', '.join(FORMAT_BITS)}")
+
+
+def linear_shapes(model_dir: Path | str, trust_remote_code: bool = False) -> dict[str, int]:
+    """Full name -> in_features of every linear the resolved ArchSpec quantizes, read from
+    the model's meta skeleton (no weights)."""
+    from qcal.model.arch import decoder_layers, get_module
+    from qcal.model.resolve import arch_for
+    from qcal.model.shapes import skeleton
+
+    net = skeleton(model_dir, trust_remote_code)
+    arch = arch_for(net)
+    return {f"{arch.layers_path}.{i}.{name}": int(get_module(layer, name).in_features)
+            for i, layer in enumerate(decoder_layers(net, arch)) for name in arch.linear_names}
+
+
+def check_against_model(shapes: dict[str, int], selection: ModuleSelection,
+                        base: QuantScheme) -> None:
+    """Each override must match a linear that --targets/--ignore leave quantized, and each
+    linear's own group size must divide its in_features (before any work)."""
+    plain = ModuleSelection(selection.targets, selection.ignore, selection.moe_all_experts)
+    chosen = [n for n in shapes if plain.selects(n)]
+    for override in selection.schemes:
+        if not any(re.match(override.pattern, n) for n in chosen):
+            example = chosen[0] if chosen else "model.layers.0.mlp.down_proj"
+            raise ConfigError(f"--scheme-override {override.spec()!r} matches no quantized "
+                              f"linear of this model (patterns match full names from the start, "
+                              f"e.g. {example!r}; try '.*' + your pattern)")
+    for name in chosen:
+        scheme = scheme_for(name, base, selection.schemes)
+        if scheme is not None:
+            scheme.groups_for(shapes[name], name)
+
+
+def gptq_dynamic(base: QuantScheme, overrides: tuple[SchemeOverride, ...],
+                 names: list[str]) -> dict[str, dict[str, Any]]:
+    """GPTQModel's `dynamic` quantization_config field for `overrides`: `+:REGEX` with the
+    fields that differ from the base scheme, `-:REGEX` for linears kept float. GPTQModel
+    applies the first matching `+:` rule, so the order is the overrides' order; a rule
+    whose linears all ended up at the base scheme is still written (it is harmless)."""
+    out: dict[str, dict[str, Any]] = {}
+    for override in overrides:
+        if override.skip:
+            out[f"-:{override.pattern}"] = {}
+            continue
+        fields = {"bits": override.bits, "group_size": override.group_size, "sym": override.sym}
+        out[f"+:{override.pattern}"] = {k: v for k, v in fields.items() if v is not None}
+    del base, names  # the rules are the overrides themselves; kept for a future compaction
+    return out
+
+
+def dynamic_scheme(dynamic: dict[str, Any] | None, name: str, bits: int,
+                   group_size: int) -> tuple[int, int]:
+    """(bits, group size) of linear `name` under a GPTQ checkpoint's `dynamic` field: the
+    first `+:` (or bare) pattern that re.match-es it, else the checkpoint's own."""
+    for key, fields in (dynamic or {}).items():
+        if key.startswith("-:"):
+            continue
+        pattern = key[2:] if key.startswith("+:") else key
+        try:
+            hit = re.match(pattern, name)
+        except re.error as err:
+            raise CheckpointError(f"quantization_config dynamic pattern {pattern!r} is not a "
+                                  f"regular expression ({err}); fix config.json") from None
+        if hit:
+            fields = fields or {}
+            return int(fields.get("bits", bits)), int(fields.get("group_size", group_size))
+    return bits, group_size
+
+
+def stored_sym(base: QuantScheme, overrides: tuple[SchemeOverride, ...]) -> bool:
+    """Whether every quantized linear is symmetric, so the checkpoint can drop zero points.
+    A symmetric linear in an asymmetric checkpoint stores its (midpoint) zero points: exact."""
+    return base.sym and all(o.sym is not False for o in overrides if not o.skip)
+
+
+def format_fields(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str,
+                  fields: dict[str, Any]) -> dict[str, Any]:
+    """A method's quantization_config fields plus what per-module schemes add: in the GPTQ
+    formats the base scheme and GPTQModel's `dynamic` rules (compressed-tensors says the
+    same with one config group per scheme, built from the layers themselves)."""
+    if not overrides or not fmt.startswith("gptq"):
+        return fields
+    return {**fields, "bits": base.bits, "group_size": base.group_size,
+            "dynamic": gptq_dynamic(base, overrides, [])}
