@@ -254,6 +254,9 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
                                      manifest, opts, trust_remote_code=recipe.trust_remote_code,
                                      extra_log={"recipe": recipe.to_dict(), "recipe_key": key,
                                                 "notes": list(recipe.notes),
+                                                **({"scheme_overrides": [
+                                                    o.spec() for o in recipe.modules.schemes]}
+                                                   if recipe.modules.schemes else {}),
                                                 "processes": dist.world},
                                      fmt=recipe.format, command=recipe.command)
             dist.barrier()  # rank 0 has saved; only then does it clean up the work dir
