@@ -447,7 +447,8 @@ def check_overrides(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fm
     storable = FORMAT_BITS.get(fmt, ())
     for scheme in [base, *(_applied(base, o) for o in overrides)]:
         if scheme is not None and scheme.bits not in storable:
-            widths = " or ".join(map(str, storable))
+            widths = ", ".join(map(str, storable[:-1])) + " or " * (len(storable) > 1) \
+                + str(storable[-1])
             hint = ("use --format compressed-tensors for other widths" if fmt == "awq" else
                     "3-bit codes do not fill whole int32 words; pick 2, 4 or 8")
             raise ConfigError(f"--format {fmt} stores {widths}-bit weights, not "

@@ -91,9 +91,12 @@ class QuantRecipe:
 
         if self.format not in FORMATS:
             raise ConfigError(f"--format {self.format!r} is unknown; use one of {', '.join(FORMATS)}")
-        from qcal.schemes import check_format
+        from qcal.schemes import check_format, format_note
 
         check_format(self.scheme, self.modules.schemes, self.format)  # per-module schemes
+        loaders = format_note(self.scheme, self.modules.schemes, self.format)
+        if loaders is not None and loaders not in self.notes:
+            object.__setattr__(self, "notes", (*self.notes, loaders))
         method_cfg, note = fit_to_format(self.method, self.format)
         if note is not None:  # frozen: the one adjustment a format forces, recorded in notes
             object.__setattr__(self, "method", method_cfg)

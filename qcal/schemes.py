@@ -63,8 +63,15 @@ def check_against_model(shapes: dict[str, int], selection: ModuleSelection,
                               f"e.g. {example!r}; try '.*' + your pattern)")
     for name in chosen:
         scheme = scheme_for(name, base, selection.schemes)
-        if scheme is not None:
+        rule = next((o for o in selection.schemes if re.match(o.pattern, name)), None)
+        if scheme is None or rule is None or rule.group_size is None:
+            continue  # the base scheme's group size was checked with --group-size
+        try:
             scheme.groups_for(shapes[name], name)
+        except ConfigError as err:
+            raise ConfigError(f"--scheme-override {rule.spec()!r}: group {rule.group_size} does "
+                              f"not divide in_features={shapes[name]} of {name}; use one that "
+                              "does (e.g. 32, 64) or -1 (per channel)") from err
 
 
 def gptq_dynamic(base: QuantScheme, overrides: tuple[SchemeOverride, ...],
@@ -118,3 +125,17 @@ def format_fields(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt:
         return fields
     return {**fields, "bits": base.bits, "group_size": base.group_size,
             "dynamic": gptq_dynamic(base, overrides, [])}
+
+
+def format_note(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> str | None:
+    """What the user should know about loaders when per-module schemes meet a format: bare
+    transformers 5.24 decompresses an asymmetric compressed-tensors checkpoint with one
+    config group's scheme for every dense linear, so with several schemes it refuses the
+    file (a size mismatch); qcal and vLLM read each group's own scheme."""
+    reshapes = any(o.bits is not None or o.group_size is not None for o in overrides
+                   if not o.skip)
+    if fmt != "compressed-tensors" or not reshapes or stored_sym(base, overrides):
+        return None
+    return ("asymmetric per-module schemes: qcal.load and vLLM read each config group's "
+            "scheme; bare transformers 5.24 cannot load several asymmetric groups (add "
+            "--sym, or sym:true to every override, for a checkpoint transformers loads)")

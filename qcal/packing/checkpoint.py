@@ -189,8 +189,10 @@ def other_format_config(model: nn.Module, fmt: str, first: QuantLinear, sym: boo
     by_scheme: dict[tuple[int, int], list[str]] = {}
     for name, layer in quant_modules(model).items():
         by_scheme.setdefault((layer.bits, layer.group_size), []).append(name)
+    every = [n for names in by_scheme.values() for n in names]
     groups = ([(first.bits, first.group_size, ["Linear"])] if len(by_scheme) == 1 else
-              [(bits, group, names) for (bits, group), names in by_scheme.items()])
+              [(bits, group, formats.ct_targets(names, every))
+               for (bits, group), names in by_scheme.items()])
     # Act-order reaches this format only with static groups (ct_tensors refuses g_idx).
     return formats.ct_config(groups, sym, bool(fields.get("desc_act")), ignore)
 

@@ -166,6 +166,31 @@ def ct_config(groups: list[tuple[int, int, list[str]]], sym: bool, actorder: boo
     return out
 
 
+def ct_targets(names: list[str], every: list[str]) -> list[str]:
+    """Config-group targets that match exactly `names` among all quantized linears `every`:
+    one `re:` pattern per kind of linear (its name with each index as `\\d+`, anchored at
+    the end; compressed-tensors re.match-es from the start) where every linear of that kind
+    is in `names`, else the linears' own names."""
+    import re
+
+    def kind(name: str) -> str:
+        return r"\.".join(r"\d+" if part.isdigit() else re.escape(part)
+                          for part in name.split("."))
+
+    members: dict[str, set[str]] = {}
+    for name in every:
+        members.setdefault(kind(name), set()).add(name)
+    chosen, out = set(names), []
+    for name in names:
+        pattern = kind(name)
+        if members[pattern] <= chosen:
+            if f"re:{pattern}$" not in out:
+                out.append(f"re:{pattern}$")
+        else:
+            out.append(name)
+    return out
+
+
 def ct_groups(qcfg: dict[str, Any]) -> list[tuple[int, int, list[str]]]:
     """(bits, group size, targets) of each weight-only config group qcal can read."""
     if qcfg.get("format") != CT_FORMAT:

@@ -74,6 +74,12 @@ def test_each_linear_gets_its_own_scheme(tiny_model_dir: Path, tmp_path: Path,
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
     groups = ct_groups(qcfg)
     assert len(groups) == 4  # one config group per distinct scheme
+    targets = sorted(t for g in groups for t in g[2])
+    assert r"re:model\.layers\.\d+\.mlp\.down_proj$" in targets  # a kind of linear, as a regex
+    assert "model.layers.1.mlp.gate_proj" in targets  # one linear of its kind: its own name
+    from compressed_tensors.quantization import QuantizationConfig
+
+    QuantizationConfig.model_validate(qcfg)  # the library's own model accepts what was written
     model = load_checkpoint(out)
     layers = quant_modules(model)
     assert len(layers) == 14
@@ -91,7 +97,9 @@ def test_each_linear_gets_its_own_scheme(tiny_model_dir: Path, tmp_path: Path,
     assert log["scheme_overrides"] == list(OVERRIDES)
     assert [o["pattern"] for o in log["recipe"]["modules"]["schemes"]] == \
         [o.split("=")[0] for o in OVERRIDES]
-    assert "Per-module schemes" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "Per-module schemes" in card and OVERRIDES[0] in card
+    assert "bare transformers 5.24 cannot load several asymmetric groups" in card
     if method == "rtn":  # the independent oracle: RTN of the float weight at each scheme
         floats, _, _ = load_model(tiny_model_dir)
         for name, layer in layers.items():
