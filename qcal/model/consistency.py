@@ -161,13 +161,19 @@ def check_packed_tensors(path: Path) -> None:
     if qcfg.get("quant_method") != "gptq":
         return  # other layouts are converted (and shape-checked) by the loader
     try:
-        bits = int(qcfg["bits"])
+        base_bits = int(qcfg["bits"])
     except (KeyError, TypeError, ValueError):
         return  # the loader names a missing or non-integer bits
+    from qcal.schemes import dynamic_scheme
+
     files = file_tensors(path)
-    per_word = 32 // bits if bits in (2, 4, 8) else None
     for key in [k for k in files if k.endswith(".qweight")]:
         layer = key[: -len(".qweight")]
+        try:  # GPTQModel's `dynamic` rules give a layer its own width (per-module schemes)
+            bits = dynamic_scheme(qcfg.get("dynamic"), layer, base_bits, 0)[0]
+        except (TypeError, ValueError, AttributeError):
+            return  # the loader names a malformed `dynamic`
+        per_word = 32 // bits if bits in (2, 4, 8) else None
         need = {s: f"{layer}.{s}" for s in ("scales", "qzeros", "g_idx")}
         absent = [n for n in need.values() if n not in files]
         if absent:

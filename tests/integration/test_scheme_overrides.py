@@ -118,7 +118,9 @@ def test_gptq_format_writes_dynamic_and_matches_compressed_tensors(tiny_model_di
                                r"+:.*\.1\.mlp\.gate_proj": {"bits": 2}}
     assert json.loads((tmp_path / "gptq" / "config.json").read_text())[
         "quantization_config"]["dynamic"] == qcfg["dynamic"]
-    a, b = load_checkpoint(tmp_path / "ct"), load_checkpoint(tmp_path / "gptq")
+    import qcal
+
+    a, b = load_checkpoint(tmp_path / "ct"), qcal.load(tmp_path / "gptq")  # with its checks
     for name, layer in quant_modules(b).items():
         assert (layer.bits, layer.group_size) == expected(name), name
         ca, cb = codes_of(quant_modules(a)[name]), codes_of(layer)
