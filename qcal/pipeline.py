@@ -15,7 +15,7 @@ import torch
 from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
-from qcal.config import ModuleSelection, QuantScheme, to_dict
+from qcal.config import ModuleSelection, QuantScheme, from_dict, to_dict
 from qcal.errors import ConfigError
 from qcal.fsio import (
     MARKER,
@@ -281,14 +281,25 @@ def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPo
         log = {"method": "unknown (not written by qcal)", "config": {}}
     qcfg = json.loads((src_dir / "config.json").read_text())["quantization_config"]
     sym = bool((log.get("config") or {}).get("scheme", {}).get("sym", qcfg.get("sym", False)))
+    # Per-module schemes travel: qcal's own rules from the recipe, else a GPTQ `dynamic`.
+    modules = ((log.get("recipe") or {}).get("modules")) or {}
+    overrides = from_dict(ModuleSelection, modules).schemes if modules else ()
+    fields: dict[str, Any] = {"desc_act": bool(qcfg.get("desc_act", False)
+                                               or (log.get("config") or {}).get("desc_act"))}
+    if overrides:
+        base_scheme = from_dict(QuantScheme, (log.get("config") or {}).get("scheme") or {})
+        sym = stored_sym(base_scheme, overrides)
+        fields = format_fields(base_scheme, overrides, fmt, fields)
+    elif qcfg.get("dynamic") and fmt.startswith("gptq"):
+        fields.update(bits=qcfg.get("bits"), group_size=qcfg.get("group_size"),
+                      dynamic=qcfg["dynamic"])
     log = {**log, "format": fmt, "exported_from": str(src_dir),
            "source_command": log.get("command"), "command": command}
     base = str(log.get("source_model") or src_dir)
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),
                                      "README.md": model_card(log, fmt, base, command)}
     save_checkpoint(net, out_dir, tokenizer, sym=sym, meta=log, extra_files=extra, fmt=fmt,
-                    fields={"desc_act": bool(qcfg.get("desc_act", False)
-                                             or (log.get("config") or {}).get("desc_act"))})
+                    fields=fields)
     return out_dir
 
 

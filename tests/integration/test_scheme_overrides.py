@@ -127,6 +127,16 @@ def test_gptq_format_writes_dynamic_and_matches_compressed_tensors(tiny_model_di
         assert torch.equal(ca.codes, cb.codes) and torch.equal(ca.zeros, cb.zeros), name
     with torch.no_grad():
         torch.testing.assert_close(a(PROMPTS).logits, b(PROMPTS).logits, rtol=1e-3, atol=1e-3)
+    # qcal export keeps the per-module schemes both ways.
+    assert main(["export", "--model", str(tmp_path / "ct"), "--format", "gptq_v2",
+                 "-o", str(tmp_path / "v2")]) == 0
+    assert json.loads((tmp_path / "v2" / "quantize_config.json").read_text())["dynamic"] == \
+        qcfg["dynamic"]
+    assert main(["export", "--model", str(tmp_path / "v2"), "--format", "compressed-tensors",
+                 "-o", str(tmp_path / "ct2")]) == 0
+    c = qcal.load(tmp_path / "ct2")
+    for name, layer in quant_modules(c).items():
+        assert torch.equal(codes_of(layer).codes, codes_of(quant_modules(a)[name]).codes), name
 
 
 def test_bare_transformers_loads_the_default_export(tiny_model_dir: Path, tmp_path: Path) -> None:
