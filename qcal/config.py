@@ -350,10 +350,10 @@ def from_json(cls: type[C], text: str) -> C:
 # --- per-module schemes (--scheme-override 'REGEX=bits:8,group:128') ------------------
 # Storable widths per checkpoint format: compressed-tensors packs 1-8 bits densely; the
 # GPTQ and AWQ layouts pack whole codes per int32 word (AWQ: 4-bit only).
-# (compressed-tensors could hold 3-bit codes, but qcal's QuantLinear packs whole codes per
-# int32 word, so 3-bit is refused up front in every format.)
-FORMAT_BITS = {"compressed-tensors": (2, 4, 8), "gptq": (2, 4, 8), "gptq_v2": (2, 4, 8),
-               "awq": (4,)}
+# compressed-tensors packs 1-8 bits as a dense bit stream, the GPTQ layout 2/3/4/8 (3-bit
+# codes straddle words); AutoAWQ's GEMM layout is 4-bit only.
+FORMAT_BITS = {"compressed-tensors": (2, 3, 4, 8), "gptq": (2, 3, 4, 8),
+               "gptq_v2": (2, 3, 4, 8), "awq": (4,)}
 OVERRIDE_KEYS = {"bits": "bits", "group": "group_size", "group_size": "group_size", "sym": "sym"}
 
 
@@ -450,6 +450,6 @@ def check_overrides(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fm
             widths = ", ".join(map(str, storable[:-1])) + " or " * (len(storable) > 1) \
                 + str(storable[-1])
             hint = ("use --format compressed-tensors for other widths" if fmt == "awq" else
-                    "3-bit codes do not fill whole int32 words; pick 2, 4 or 8")
+                    "pick one of those")
             raise ConfigError(f"--format {fmt} stores {widths}-bit weights, not "
                               f"{scheme.bits}-bit; {hint}")

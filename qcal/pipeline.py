@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import time
 from collections.abc import Iterator
@@ -67,12 +68,15 @@ def validate_scheme(model: nn.Module, scheme: QuantScheme,
         linear = get_module(model, name)
         own = selection.scheme_of(name, scheme) if selection is not None else scheme
         own.groups_for(linear.in_features, name)
-        per = 32 // own.bits if scheme.bits in PACKABLE_BITS else 1
-        if linear.out_features % per:
-            raise ConfigError(
-                f"{name} has out_features={linear.out_features}, not a multiple of {per}; "
-                f"{own.bits}-bit packing needs that"
-            )
+        # Codes fill whole int32 words: 32/bits of them (3 bits: 32 codes in 3 words).
+        per = 32 // math.gcd(32, own.bits) if own.bits in PACKABLE_BITS else 1
+        for what, size in (("out_features", linear.out_features),
+                           ("in_features", linear.in_features)):
+            if size % per:
+                raise ConfigError(
+                    f"{name} has {what}={size}, not a multiple of {per}; {own.bits}-bit "
+                    "packing needs that (pick another width for it with --scheme-override)"
+                )
 
 
 @dataclasses.dataclass(frozen=True)

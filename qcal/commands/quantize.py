@@ -21,7 +21,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--method", default="rtn", choices=METHODS.names(),
                    help="quantization method")
     p.add_argument("--bits", type=int, default=4,
-                   help="bits per weight: 2, 4 or 8 (what a checkpoint can pack; awq format: 4)")
+                   help="bits per weight: 2, 3, 4 or 8 (what a checkpoint can pack; awq format: "
+                        "4; 3 bits need in/out_features divisible by 32); default 4")
     p.add_argument("--group-size", default="auto",
                    help="weights per scale along in_features; -1 per channel; default auto: the "
                         "largest of 128/64/32 that divides every quantized in_features")

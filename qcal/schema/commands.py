@@ -93,7 +93,7 @@ class QuantizeOptions(Options):
     device: Device = "auto"
     model: str | None = None
     method: Method = "rtn"
-    bits: int = Field(4, description="2, 4 or 8 (what a checkpoint can pack)", examples=[4])
+    bits: int = Field(4, description="2, 3, 4 or 8 (what a checkpoint can pack)", examples=[4])
     group_size: GroupSize = "auto"
     sym: Flag = False
     allow_ragged_groups: Flag = False

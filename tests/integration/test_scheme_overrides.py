@@ -27,8 +27,10 @@ from qcal.quant.base import rtn_quantize
 pytestmark = pytest.mark.integration
 PROMPTS = torch.tensor([[5, 17, 99, 240, 3, 77, 12, 8, 150, 42, 9, 300],
                         [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
-# 8-bit down_proj, group 64 on q_proj, 2-bit gate_proj of layer 1 only; the rest 4-bit g32.
-OVERRIDES = (r".*\.down_proj=bits:8", r".*\.q_proj=group:64", r".*\.1\.mlp\.gate_proj=bits:2")
+# 8-bit down_proj, group 64 on q_proj, 2-bit gate_proj of layer 1 only, 3-bit up_proj;
+# the rest 4-bit g32.
+OVERRIDES = (r".*\.down_proj=bits:8", r".*\.q_proj=group:64", r".*\.1\.mlp\.gate_proj=bits:2",
+             r".*\.up_proj=bits:3")
 
 
 def expected(name: str) -> tuple[int, int]:
@@ -38,6 +40,8 @@ def expected(name: str) -> tuple[int, int]:
         return 4, 64
     if name.endswith("layers.1.mlp.gate_proj"):
         return 2, 32
+    if name.endswith("up_proj"):
+        return 3, 32
     return 4, 32
 
 
@@ -73,7 +77,7 @@ def test_each_linear_gets_its_own_scheme(tiny_model_dir: Path, tmp_path: Path,
     assert _quantize(tiny_model_dir, tmp_path, method, out) == 0
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
     groups = ct_groups(qcfg)
-    assert len(groups) == 4  # one config group per distinct scheme
+    assert len(groups) == 5  # one config group per distinct scheme
     targets = sorted(t for g in groups for t in g[2])
     assert r"re:model\.layers\.\d+\.mlp\.down_proj$" in targets  # a kind of linear, as a regex
     assert "model.layers.1.mlp.gate_proj" in targets  # one linear of its kind: its own name
@@ -115,7 +119,8 @@ def test_gptq_format_writes_dynamic_and_matches_compressed_tensors(tiny_model_di
     qcfg = json.loads((tmp_path / "gptq" / "quantize_config.json").read_text())
     assert (qcfg["bits"], qcfg["group_size"]) == (4, 32)
     assert qcfg["dynamic"] == {r"+:.*\.down_proj": {"bits": 8}, r"+:.*\.q_proj": {"group_size": 64},
-                               r"+:.*\.1\.mlp\.gate_proj": {"bits": 2}}
+                               r"+:.*\.1\.mlp\.gate_proj": {"bits": 2},
+                               r"+:.*\.up_proj": {"bits": 3}}
     assert json.loads((tmp_path / "gptq" / "config.json").read_text())[
         "quantization_config"]["dynamic"] == qcfg["dynamic"]
     import qcal
@@ -168,7 +173,7 @@ def test_python_api_and_skip(tiny_model_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("extra, why", [
     (["--scheme-override", "x=bits:eight"], "whole number"),
     (["--scheme-override", "mlp.down_proj=bits:8"], "matches no quantized linear"),
-    (["--scheme-override", ".*down_proj=bits:3"], "not 3-bit"),
+    (["--scheme-override", ".*down_proj=bits:5"], "bits=5 is not supported"),
     (["--scheme-override", ".*down_proj=group:48"], "does not divide in_features=256"),
     (["--scheme-override", ".*down_proj=bits:8", "--format", "awq"], "one scheme for every"),
     (["--scheme-override", ".*down_proj=bits:8", "--targets", "self_attn"],

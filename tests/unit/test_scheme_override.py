@@ -39,12 +39,11 @@ def test_first_match_wins_and_skip_keeps_float() -> None:
 
 def test_widths_a_format_cannot_store_are_refused() -> None:
     three = (parse_scheme_override("x=bits:3"),)
-    check_overrides(BASE, (parse_scheme_override("x=bits:8"), parse_scheme_override("y=bits:2")),
-                    "compressed-tensors")
     for fmt in ("compressed-tensors", "gptq", "gptq_v2"):
-        with pytest.raises(ConfigError, match=f"--format {fmt} stores 2, 4 or 8-bit weights, "
-                                              "not 3-bit"):
-            check_overrides(BASE, three, fmt)
+        check_overrides(BASE, (*three, parse_scheme_override("y=bits:8"),
+                               parse_scheme_override("z=bits:2")), fmt)
+    with pytest.raises(ConfigError, match="--format awq stores 4-bit weights, not 3-bit"):
+        check_overrides(BASE, three, "awq")
     with pytest.raises(ConfigError, match="--format awq stores 4-bit weights, not 8-bit"):
         check_overrides(BASE, (parse_scheme_override("x=bits:8"),), "awq")
 
