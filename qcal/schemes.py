@@ -1,6 +1,7 @@
 """Per-module schemes (--scheme-override) at the boundaries: what a checkpoint format can
 store, whether each pattern names a quantized linear of the model (from its meta skeleton,
-before any weight is read), and GPTQModel's `dynamic` field both ways.
+before any weight is read), and what the checkpoint writers add: GPTQModel's `dynamic`
+field (read back by `qcal.packing.formats.dynamic_scheme`) and the stored symmetry.
 
 The per-linear resolution itself is `qcal.config.scheme_for` (first matching override
 wins, as GPTQModel's `dynamic`); runners reach it through `ModuleSelection.scheme_of`.
@@ -20,7 +21,7 @@ from qcal.config import (
     check_overrides,
     scheme_for,
 )
-from qcal.errors import CheckpointError, ConfigError
+from qcal.errors import ConfigError
 
 
 def check_format(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> None:
@@ -74,12 +75,11 @@ def check_against_model(shapes: dict[str, int], selection: ModuleSelection,
                               "does (e.g. 32, 64) or -1 (per channel)") from err
 
 
-def gptq_dynamic(base: QuantScheme, overrides: tuple[SchemeOverride, ...],
-                 names: list[str]) -> dict[str, dict[str, Any]]:
+def gptq_dynamic(overrides: tuple[SchemeOverride, ...]) -> dict[str, dict[str, Any]]:
     """GPTQModel's `dynamic` quantization_config field for `overrides`: `+:REGEX` with the
     fields that differ from the base scheme, `-:REGEX` for linears kept float. GPTQModel
     applies the first matching `+:` rule, so the order is the overrides' order; a rule
-    whose linears all ended up at the base scheme is still written (it is harmless)."""
+    whose fields equal the base scheme's is still written (it changes nothing)."""
     out: dict[str, dict[str, Any]] = {}
     for override in overrides:
         if override.skip:
@@ -87,27 +87,7 @@ def gptq_dynamic(base: QuantScheme, overrides: tuple[SchemeOverride, ...],
             continue
         fields = {"bits": override.bits, "group_size": override.group_size, "sym": override.sym}
         out[f"+:{override.pattern}"] = {k: v for k, v in fields.items() if v is not None}
-    del base, names  # the rules are the overrides themselves; kept for a future compaction
     return out
-
-
-def dynamic_scheme(dynamic: dict[str, Any] | None, name: str, bits: int,
-                   group_size: int) -> tuple[int, int]:
-    """(bits, group size) of linear `name` under a GPTQ checkpoint's `dynamic` field: the
-    first `+:` (or bare) pattern that re.match-es it, else the checkpoint's own."""
-    for key, fields in (dynamic or {}).items():
-        if key.startswith("-:"):
-            continue
-        pattern = key[2:] if key.startswith("+:") else key
-        try:
-            hit = re.match(pattern, name)
-        except re.error as err:
-            raise CheckpointError(f"quantization_config dynamic pattern {pattern!r} is not a "
-                                  f"regular expression ({err}); fix config.json") from None
-        if hit:
-            fields = fields or {}
-            return int(fields.get("bits", bits)), int(fields.get("group_size", group_size))
-    return bits, group_size
 
 
 def stored_sym(base: QuantScheme, overrides: tuple[SchemeOverride, ...]) -> bool:
@@ -124,7 +104,7 @@ def format_fields(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt:
     if not overrides or not fmt.startswith("gptq"):
         return fields
     return {**fields, "bits": base.bits, "group_size": base.group_size,
-            "dynamic": gptq_dynamic(base, overrides, [])}
+            "dynamic": gptq_dynamic(overrides)}
 
 
 def format_note(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> str | None:

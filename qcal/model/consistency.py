@@ -165,7 +165,7 @@ def check_packed_tensors(path: Path) -> None:
         base_bits = int(qcfg["bits"])
     except (KeyError, TypeError, ValueError):
         return  # the loader names a missing or non-integer bits
-    from qcal.schemes import dynamic_scheme
+    from qcal.packing.formats import dynamic_scheme
 
     files = file_tensors(path)
     for key in [k for k in files if k.endswith(".qweight")]:

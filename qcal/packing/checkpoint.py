@@ -288,7 +288,7 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         def scheme_of(name: str) -> tuple[int, int]:
             return ct_layer_scheme(groups, name)
     else:
-        from qcal.schemes import dynamic_scheme
+        from qcal.packing.formats import dynamic_scheme
 
         try:
             bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
