@@ -9,6 +9,7 @@ wins, as GPTQModel's `dynamic`); runners reach it through `ModuleSelection.schem
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -37,23 +38,26 @@ def check_format(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: 
         raise ConfigError(f"--format {fmt!r} is unknown; use one of {', '.join(FORMAT_BITS)}")
 
 
-def linear_shapes(model_dir: Path | str, trust_remote_code: bool = False) -> dict[str, int]:
-    """Full name -> in_features of every linear the resolved ArchSpec quantizes, read from
-    the model's meta skeleton (no weights)."""
+def linear_shapes(model_dir: Path | str,
+                  trust_remote_code: bool = False) -> dict[str, tuple[int, int]]:
+    """Full name -> (in_features, out_features) of every linear the resolved ArchSpec
+    quantizes, read from the model's meta skeleton (no weights)."""
     from qcal.model.arch import decoder_layers, get_module
     from qcal.model.resolve import arch_for
     from qcal.model.shapes import skeleton
 
     net = skeleton(model_dir, trust_remote_code)
     arch = arch_for(net)
-    return {f"{arch.layers_path}.{i}.{name}": int(get_module(layer, name).in_features)
+    return {f"{arch.layers_path}.{i}.{name}": (int(get_module(layer, name).in_features),
+                                                int(get_module(layer, name).out_features))
             for i, layer in enumerate(decoder_layers(net, arch)) for name in arch.linear_names}
 
 
-def check_against_model(shapes: dict[str, int], selection: ModuleSelection,
+def check_against_model(shapes: dict[str, tuple[int, int]], selection: ModuleSelection,
                         base: QuantScheme) -> None:
-    """Each override must match a linear that --targets/--ignore leave quantized, and each
-    linear's own group size must divide its in_features (before any work)."""
+    """Each override must match a linear that --targets/--ignore leave quantized, each
+    linear's own group size must divide its in_features, and its codes must fill whole
+    int32 words (3 bits: 32 codes in 3 words) along both dimensions (before any work)."""
     plain = ModuleSelection(selection.targets, selection.ignore, selection.moe_all_experts)
     chosen = [n for n in shapes if plain.selects(n)]
     for override in selection.schemes:
@@ -65,13 +69,21 @@ def check_against_model(shapes: dict[str, int], selection: ModuleSelection,
     for name in chosen:
         scheme = scheme_for(name, base, selection.schemes)
         rule = next((o for o in selection.schemes if re.match(o.pattern, name)), None)
-        if scheme is None or rule is None or rule.group_size is None:
+        if scheme is None or rule is None:
+            continue  # the base scheme is checked against every linear by the pipeline
+        in_f, out_f = shapes[name]
+        per = 32 // math.gcd(32, scheme.bits)
+        if in_f % per or out_f % per:
+            raise ConfigError(f"--scheme-override {rule.spec()!r}: {name} is {out_f}x{in_f}, "
+                              f"but {scheme.bits}-bit codes fill int32 words only for sizes "
+                              f"divisible by {per}; pick 2, 4 or 8 bits for it")
+        if rule.group_size is None:
             continue  # the base scheme's group size was checked with --group-size
         try:
-            scheme.groups_for(shapes[name], name)
+            scheme.groups_for(in_f, name)
         except ConfigError as err:
             raise ConfigError(f"--scheme-override {rule.spec()!r}: group {rule.group_size} does "
-                              f"not divide in_features={shapes[name]} of {name}; use one that "
+                              f"not divide in_features={in_f} of {name}; use one that "
                               "does (e.g. 32, 64) or -1 (per channel)") from err
 
 

@@ -100,3 +100,25 @@ def test_overrides_join_the_recipe_key_only_when_given(tmp_path) -> None:
     assert plain.checkpoint_key(tmp_path) != mixed.checkpoint_key(tmp_path)
     with pytest.raises(ConfigError, match="--format awq .* holds one scheme"):
         QuantRecipe(method=RTNConfig(), calib=None, format="awq", modules=mixed.modules)
+
+
+def test_overrides_are_checked_against_the_linears_shapes() -> None:
+    from qcal.config import ModuleSelection
+    from qcal.schemes import check_against_model
+
+    shapes = {"model.layers.0.mlp.down_proj": (1536, 576), "model.layers.0.self_attn.k_proj": (80, 48)}
+
+    def check(*specs: str, targets: tuple[str, ...] = ()) -> None:
+        check_against_model(shapes, ModuleSelection(targets, schemes=tuple(
+            map(parse_scheme_override, specs))), BASE)
+
+    check(r".*down_proj=bits:3,group:32", r".*k_proj=bits:8")
+    with pytest.raises(ConfigError, match="48x80, but 3-bit codes fill int32 words only for "
+                                          "sizes divisible by 32"):
+        check(r".*k_proj=bits:3")
+    with pytest.raises(ConfigError, match="group 100 does not divide in_features=1536"):
+        check(r".*down_proj=group:100")
+    with pytest.raises(ConfigError, match="matches no quantized linear"):
+        check(r"down_proj=bits:8")  # re.match: from the start of the full name
+    with pytest.raises(ConfigError, match="matches no quantized linear"):
+        check(r".*down_proj=bits:8", targets=("self_attn",))  # --targets left it float
