@@ -153,6 +153,9 @@ class QuantizeOptions(Options):
                              tuple(map(parse_scheme_override, self.scheme_override)), self.format)
             except ConfigError as err:
                 raise ValueError(str(err)) from None
+        if self.awq_artifact is not None and self.scheme_override:
+            raise ValueError("--awq-artifact replays a search with the schemes it was made with; "
+                             "drop --scheme-override (or search again without --awq-artifact)")
         if self.awq_artifact is not None and self.method != "awq":
             raise ValueError("--awq-artifact replays an AWQ search; use it with --method awq")
         known_langs(selector_langs(self.selector), self.calib, "--selector language")

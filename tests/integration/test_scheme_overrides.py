@@ -104,6 +104,13 @@ def test_each_linear_gets_its_own_scheme(tiny_model_dir: Path, tmp_path: Path,
     card = (out / "README.md").read_text()
     assert "Per-module schemes" in card and OVERRIDES[0] in card
     assert "bare transformers 5.24 cannot load several asymmetric groups" in card
+    if method == "awq":  # the saved search replays at the same per-module schemes
+        assert main(["quantize", "--model", str(tiny_model_dir), "--method", "awq",
+                     "--awq-artifact", str(out / "artifacts" / "awq_search.safetensors"),
+                     "-o", str(tmp_path / "replay")]) == 0
+        replay = quant_modules(load_checkpoint(tmp_path / "replay"))
+        for name, layer in layers.items():
+            assert torch.equal(codes_of(replay[name]).codes, codes_of(layer).codes), name
     if method == "rtn":  # the independent oracle: RTN of the float weight at each scheme
         floats, _, _ = load_model(tiny_model_dir)
         for name, layer in layers.items():
@@ -178,6 +185,8 @@ def test_python_api_and_skip(tiny_model_dir: Path, tmp_path: Path) -> None:
     (["--scheme-override", ".*down_proj=bits:8", "--format", "awq"], "one scheme for every"),
     (["--scheme-override", ".*down_proj=bits:8", "--targets", "self_attn"],
      "matches no quantized linear"),
+    (["--scheme-override", ".*down_proj=bits:8", "--method", "awq", "--awq-artifact",
+      "{model}/config.json"], "replays a search with the schemes it was made with"),
 ])
 def test_refusals_come_before_any_work(tiny_model_dir: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
@@ -192,6 +201,7 @@ def test_refusals_come_before_any_work(tiny_model_dir: Path, tmp_path: Path,
         monkeypatch.setattr(module, "load_model", no_load)
     out = tmp_path / "out"
     capsys.readouterr()
+    extra = [e.replace("{model}", str(tiny_model_dir)) for e in extra]
     assert main(["quantize", "--model", str(tiny_model_dir), "--group-size", "32", *extra,
                  "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
