@@ -348,10 +348,9 @@ def from_json(cls: type[C], text: str) -> C:
 
 
 # --- per-module schemes (--scheme-override 'REGEX=bits:8,group:128') ------------------
-# Storable widths per checkpoint format: compressed-tensors packs 1-8 bits densely; the
-# GPTQ and AWQ layouts pack whole codes per int32 word (AWQ: 4-bit only).
-# compressed-tensors packs 1-8 bits as a dense bit stream, the GPTQ layout 2/3/4/8 (3-bit
-# codes straddle words); AutoAWQ's GEMM layout is 4-bit only.
+# Storable widths per checkpoint format: compressed-tensors packs 1-8 bits as a dense bit
+# stream, the GPTQ layout 2/3/4/8 (3-bit codes straddle words); AutoAWQ's GEMM layout is
+# 4-bit only. qcal's QuantLinear holds 2, 3, 4 and 8.
 FORMAT_BITS = {"compressed-tensors": (2, 3, 4, 8), "gptq": (2, 3, 4, 8),
                "gptq_v2": (2, 3, 4, 8), "awq": (4,)}
 OVERRIDE_KEYS = {"bits": "bits", "group": "group_size", "group_size": "group_size", "sym": "sym"}
