@@ -208,3 +208,21 @@ def test_refusals_come_before_any_work(tiny_model_dir: Path, tmp_path: Path,
     assert re.search(why, err), err
     assert len(err.splitlines()) == 1, err
     assert not out.exists() and not Path(f"{out}.work").exists()
+
+
+def test_grid_key_reaches_the_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from qcal.grid import GridRunner, GridSpec
+
+    calib, evaluation = tmp_path / "calib.txt", tmp_path / "eval.txt"
+    calib.write_text("\n\n".join(stdlib_text()[:60]), encoding="utf-8")
+    evaluation.write_text("\n\n".join(stdlib_text()[60:80]), encoding="utf-8")
+    spec = GridSpec(name="tiny", model=str(tiny_model_dir), selectors=("random",),
+                    methods=("rtn",), group_size=32, source=str(calib), nsamples=2, seqlen=32,
+                    eval_seqlen=32, max_windows=1, eval_text_file=str(evaluation),
+                    scheme_overrides=(OVERRIDES[0],))
+    GridRunner(spec, tmp_path / "r", tmp_path / "w", progress=False).run()
+    ckpt = tmp_path / "w" / "ckpt" / "none__rtn"
+    qcfg = json.loads((ckpt / "quantize_config.json").read_text())  # grids write the GPTQ layout
+    assert qcfg["dynamic"] == {r"+:.*\.down_proj": {"bits": 8}}
+    for name, layer in quant_modules(load_checkpoint(ckpt)).items():
+        assert layer.bits == (8 if name.endswith("down_proj") else 4), name
