@@ -45,7 +45,7 @@ from qcal.packing.checkpoint import (
     is_quantized_checkpoint,
     save_checkpoint,
 )
-from qcal.schemes import format_fields, stored_sym
+from qcal.schemes import check_format, format_fields, stored_sym
 
 WORK_KIND = "quantization work state"
 
@@ -278,7 +278,6 @@ def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPo
     check_output(out_dir, CHECKPOINT_KIND, overwrite=policy.overwrite, protected=(src_dir,),
                  legacy_owned=is_legacy_qcal_checkpoint)
     check_writable(out_dir, size)
-    net, tokenizer, _ = load_model(src_dir)
     try:
         log = json.loads((src_dir / "quant_log.json").read_text())
     except (OSError, ValueError):
@@ -294,9 +293,11 @@ def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPo
         base_scheme = from_dict(QuantScheme, (log.get("config") or {}).get("scheme") or {})
         sym = stored_sym(base_scheme, overrides)
         fields = format_fields(base_scheme, overrides, fmt, fields)
+        check_format(base_scheme, overrides, fmt)  # e.g. the one-scheme AWQ layout
     elif qcfg.get("dynamic") and fmt.startswith("gptq"):
         fields.update(bits=qcfg.get("bits"), group_size=qcfg.get("group_size"),
                       dynamic=qcfg["dynamic"])
+    net, tokenizer, _ = load_model(src_dir)
     log = {**log, "format": fmt, "exported_from": str(src_dir),
            "source_command": log.get("command"), "command": command}
     base = str(log.get("source_model") or src_dir)

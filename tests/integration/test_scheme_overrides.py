@@ -146,6 +146,9 @@ def test_gptq_format_writes_dynamic_and_matches_compressed_tensors(tiny_model_di
         qcfg["dynamic"]
     assert main(["export", "--model", str(tmp_path / "v2"), "--format", "compressed-tensors",
                  "-o", str(tmp_path / "ct2")]) == 0
+    assert main(["export", "--model", str(tmp_path / "ct"), "--format", "awq",
+                 "-o", str(tmp_path / "awq")]) == 2  # one scheme per AWQ checkpoint
+    assert not (tmp_path / "awq").exists()
     c = qcal.load(tmp_path / "ct2")
     for name, layer in quant_modules(c).items():
         assert torch.equal(codes_of(layer).codes, codes_of(quant_modules(a)[name]).codes), name
