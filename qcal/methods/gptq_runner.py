@@ -10,6 +10,7 @@ quantized layer to make the next layer's inputs.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -145,7 +146,7 @@ def quantize_layer_gptq(
                 continue
             shared.setdefault((sink.alias.get(name, name), cfg_of(name).scheme), []).append(name)
         batches = list(shared.values())
-        left = {key[0]: sum(k[0] == key[0] for k in shared) for key in shared}
+        left = Counter(input_owner for input_owner, _ in shared)  # batches per Hessian
         linears = {n: layer_linear(layer, n) for b in batches for n in b}
         owners = dist.owners([linears[b[0]].in_features ** 2 * sum(linears[n].out_features
                                                                     for n in b) for b in batches])
