@@ -1,9 +1,11 @@
-"""Bit packing of the GPTQ checkpoint layout (`32 // bits` codes per int32).
+"""Bit packing of the GPTQ checkpoint layout: codes laid end to end in a little-endian
+bit stream of int32 words (`bits * K / 32` words for K codes).
 
-qweight packs codes along in_features (rows of the [in, out] matrix):
-element j of int32 row i holds code[i * per_word + j] in bits [j*bits, (j+1)*bits).
-qzeros packs along out_features the same way. Only widths that divide 32 pack
-(2, 4, 8); 3-bit results are kept as fake-quant.
+qweight packs codes along in_features (rows of the [in, out] matrix): code k of a column
+occupies stream bits [k*bits, (k+1)*bits). For 2, 4 and 8 bits that is `32 // bits` whole
+codes per word (element j of word i holds code[i * per_word + j] in bits [j*bits, (j+1)*bits));
+3-bit codes straddle words, 32 of them in 3 words, as GPTQ's and GPTQModel's 3-bit layout and
+compressed-tensors' dense packing lay them. qzeros pack along out_features the same way.
 """
 
 from __future__ import annotations
@@ -13,13 +15,52 @@ import sys
 import torch
 from qcal_kernels.errors import KernelError
 
-PACKABLE_BITS = (2, 4, 8)
+PACKABLE_BITS = (2, 3, 4, 8)
 
 
 def _per_word(bits: int) -> int:
     if bits not in PACKABLE_BITS:
         raise KernelError(f"{bits}-bit codes cannot be packed; packable widths are {PACKABLE_BITS}")
     return 32 // bits
+
+
+def whole_words(bits: int) -> bool:
+    """Whether `bits`-bit codes fill int32 words exactly (no code straddles two words)."""
+    return 32 % bits == 0
+
+
+def packed_length(count: int, bits: int) -> int:
+    """Words holding `count` codes; raises unless they fill whole words."""
+    _per_word(bits)
+    if count * bits % 32:
+        per = 32 // bits if whole_words(bits) else 32
+        raise KernelError(f"cannot pack {count} rows into int32 words of {bits}-bit codes "
+                          f"(needs a multiple of {per})")
+    return count * bits // 32
+
+
+def _pack_stream(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[K, N] codes -> int32 [K*bits/32, N] words of one bit stream per column."""
+    words = packed_length(codes.shape[0], bits)
+    n = codes.shape[1]
+    device = codes.device
+    shifts = torch.arange(bits, dtype=torch.int64, device=device).view(1, bits, 1)
+    stream = ((codes.to(torch.int64).unsqueeze(1) >> shifts) & 1).reshape(words, 32, n)
+    weights = torch.arange(32, dtype=torch.int64, device=device).view(1, 32, 1)
+    return _to_int32((stream << weights).sum(dim=1))
+
+
+def unpack_stream(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of the stream packing, on `packed`'s own device: int32 [W, N] -> codes
+    [W*32/bits, N] (int32)."""
+    _per_word(bits)
+    w, n = packed.shape
+    device = packed.device
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    weights = torch.arange(32, dtype=torch.int64, device=device).view(1, 32, 1)
+    stream = ((words.unsqueeze(1) >> weights) & 1).reshape(w * 32 // bits, bits, n)
+    shifts = torch.arange(bits, dtype=torch.int64, device=device).view(1, bits, 1)
+    return (stream << shifts).sum(dim=1).to(torch.int32)
 
 
 def _to_int32(x: torch.Tensor) -> torch.Tensor:
@@ -29,8 +70,10 @@ def _to_int32(x: torch.Tensor) -> torch.Tensor:
 
 
 def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack int codes [K, N] into int32 [K / per_word, N]."""
+    """Pack int codes [K, N] into int32 [K * bits / 32, N]."""
     per = _per_word(bits)
+    if not whole_words(bits):
+        return _pack_stream(codes, bits)
     k, n = codes.shape
     if k % per:
         raise KernelError(f"cannot pack {k} rows into int32 words of {per} {bits}-bit codes")
@@ -47,6 +90,8 @@ def pack_transposed(codes: torch.Tensor, bits: int) -> torch.Tensor:
     words, which puts code j of a word at bits [j*bits, (j+1)*bits) exactly as
     `pack_rows` does; only the narrow packed matrix is transposed."""
     per = _per_word(bits)
+    if not whole_words(bits):
+        return _pack_stream(codes.T.contiguous(), bits)
     n, k = codes.shape
     if k % per:
         raise KernelError(f"cannot pack {k} rows into int32 words of {per} {bits}-bit codes")
@@ -61,8 +106,10 @@ def pack_transposed(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """Inverse of `pack_rows`: int32 [K / per_word, N] -> int32 codes [K, N]."""
+    """Inverse of `pack_rows`: int32 [K * bits / 32, N] -> int32 codes [K, N]."""
     per = _per_word(bits)
+    if not whole_words(bits):
+        return unpack_stream(packed, bits)
     kp, n = packed.shape
     words = packed.to(torch.int64) & 0xFFFFFFFF
     packed_device = packed.device

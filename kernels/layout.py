@@ -12,17 +12,19 @@ def check_packed(
     qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor, bits: int
 ) -> tuple[int, int, int]:
     """(K, N, groups) of a packed GPTQ-layout weight; raises on inconsistent shapes or dtypes."""
-    per = 32 // bits
     if qweight.dim() != 2 or qweight.dtype != torch.int32:
         raise KernelUnsupportedError(
-            f"qweight must be a 2-D int32 tensor [K/{per}, N], got {tuple(qweight.shape)} {qweight.dtype}"
+            f"qweight must be a 2-D int32 tensor [K*{bits}/32, N], got {tuple(qweight.shape)} "
+            f"{qweight.dtype}"
         )
-    k, n = qweight.shape[0] * per, qweight.shape[1]
+    # Codes fill a bit stream of int32 words: K codes take K*bits/32 words (3 bits straddle).
+    k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
     groups = scales.shape[0]
-    if scales.shape != (groups, n) or qzeros.shape != (groups, n // per) or n % per:
+    if scales.shape != (groups, n) or qzeros.shape != (groups, n * bits // 32) or n * bits % 32:
         raise KernelUnsupportedError(
             f"scales {tuple(scales.shape)} / qzeros {tuple(qzeros.shape)} do not match qweight "
-            f"{tuple(qweight.shape)}: expected [G, {n}] and [G, {n // per}]; the checkpoint is malformed"
+            f"{tuple(qweight.shape)}: expected [G, {n}] and [G, {n * bits // 32}]; the checkpoint "
+            "is malformed"
         )
     if g_idx.shape != (k,):
         raise KernelUnsupportedError(

@@ -6,7 +6,7 @@ import sys
 
 import torch
 from qcal_kernels.errors import KernelError
-from qcal_kernels.format import PACKABLE_BITS
+from qcal_kernels.format import PACKABLE_BITS, unpack_stream, whole_words
 
 
 def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -17,6 +17,8 @@ def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """
     if bits not in PACKABLE_BITS:
         raise KernelError(f"{bits}-bit codes are not packed; packable widths are {PACKABLE_BITS}")
+    if not whole_words(bits):  # 3-bit codes straddle words
+        return unpack_stream(packed, bits)
     per = 32 // bits
     kp, n = packed.shape
     words = packed.to(torch.int64) & 0xFFFFFFFF
@@ -61,7 +63,7 @@ def dequantize_grouped_fast(
     the same values, without [in, out]-sized gathers of scales and zeros. Codes come out of
     the int32 words byte by byte (little-endian: code j of a word sits in byte j*bits//8),
     and scale/zero broadcast over each group's rows."""
-    k = qweight.shape[0] * (32 // bits)
+    k = qweight.shape[0] * 32 // bits
     n = qweight.shape[1]
     if bits != 4 or sys.byteorder != "little" or group_size <= 0 or k % group_size:
         g_idx = torch.arange(k, dtype=torch.int32, device=qweight.device) // max(group_size, 1)

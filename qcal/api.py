@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qcal.config import CalibConfig, EvalConfig, ModuleSelection, QuantScheme
+from qcal.config import (
+    CalibConfig,
+    EvalConfig,
+    ModuleSelection,
+    QuantScheme,
+    SchemeOverride,
+    parse_scheme_override,
+)
 from qcal.config import from_dict as config_from_dict
 from qcal.errors import ConfigError
 from qcal.model.hub import parse_hub_id
@@ -78,6 +85,7 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
              overwrite: bool = False, progress: bool = False,
              trust_remote_code: bool = False, targets: Sequence[str] = (),
              ignore: Sequence[str] = (), moe_all_experts: bool = False,
+             scheme_overrides: Sequence[str | SchemeOverride] = (),
              **method_options: Any) -> Any:
     """Quantize `model` and write the checkpoint to `output`; returns the quantized model.
 
@@ -90,7 +98,9 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
     fields (e.g. desc_act=True for GPTQ). `format`: the checkpoint format (default
     compressed-tensors, which bare transformers, lm_eval and vLLM load). `targets` /
     `ignore` (regexes on full linear names) and `moe_all_experts` are --targets, --ignore
-    and --moe-all-experts.
+    and --moe-all-experts. `scheme_overrides`: per-module schemes as --scheme-override
+    writes them (`r".*down_proj=bits:8,group:128"`) or SchemeOverride objects; the first
+    matching one decides a linear's scheme.
     """
     from qcal.methods import METHODS
     from qcal.packing.checkpoint import DEFAULT_FORMAT
@@ -98,6 +108,9 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
     from qcal.recipe import QuantRecipe, method_config, run_recipe
 
     quant_method = METHODS.get(method)  # an unknown name lists the known ones
+    overrides = tuple(o if isinstance(o, SchemeOverride) else parse_scheme_override(str(o))
+                      for o in ([scheme_overrides] if isinstance(scheme_overrides, str)
+                                else scheme_overrides))
     with tempfile.TemporaryDirectory(prefix="qcal-api-") as tmp:
         model_dir = _model_dir(model, tokenizer, Path(tmp), trust_remote_code)
         resolved, note = _scheme(scheme, model_dir, trust_remote_code)
@@ -120,7 +133,7 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
                              command=f"qcal.quantize({_describe(model)!r}, method={method!r})",
                              notes=(note,) if note else (),
                              modules=ModuleSelection(tuple(targets), tuple(ignore),
-                                                     moe_all_experts))
+                                                     moe_all_experts, overrides))
         outcome = run_recipe(recipe, policy=OutputPolicy(overwrite=overwrite), progress=progress)
     return load(outcome.output, device="cpu")
 

@@ -175,6 +175,10 @@ class ModuleSelection:
     targets: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     moe_all_experts: bool = False
+    # --scheme-override: per-linear schemes (first match wins; `skip` keeps a linear float).
+    # They live here because they say, like targets/ignore, what happens to which linear, and
+    # so reach the runners, the resume tags and the checkpoint key with the selection.
+    schemes: tuple[SchemeOverride, ...] = ()
 
     def __post_init__(self) -> None:
         import re
@@ -192,7 +196,17 @@ class ModuleSelection:
 
         if self.targets and not any(re.search(p, name) for p in self.targets):
             return False
-        return not any(re.search(p, name) for p in self.ignore)
+        if any(re.search(p, name) for p in self.ignore):
+            return False
+        for override in self.schemes:  # the first matching override decides
+            if re.match(override.pattern, name):
+                return not override.skip
+        return True
+
+    def scheme_of(self, name: str, base: QuantScheme) -> QuantScheme:
+        """The scheme linear `name` (full name) is quantized with: its first matching
+        --scheme-override applied to `base`, else `base`."""
+        return scheme_for(name, base, self.schemes) or base
 
     def is_default(self) -> bool:
         return self == ModuleSelection()
@@ -320,6 +334,9 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         ftype = fields[name].type
         if isinstance(value, dict) and (ftype == "QuantScheme" or ftype is QuantScheme):
             value = from_dict(QuantScheme, value)
+        elif cls is ModuleSelection and name == "schemes":
+            value = tuple(o if isinstance(o, SchemeOverride) else from_dict(SchemeOverride, o)
+                          for o in value)
         elif isinstance(value, list):  # JSON's lists: tuples, nested ones too ((task, n) pairs)
             value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
         kwargs[name] = value
@@ -331,10 +348,11 @@ def from_json(cls: type[C], text: str) -> C:
 
 
 # --- per-module schemes (--scheme-override 'REGEX=bits:8,group:128') ------------------
-# Storable widths per checkpoint format: compressed-tensors packs 1-8 bits densely; the
-# GPTQ and AWQ layouts pack whole codes per int32 word (AWQ: 4-bit only).
-FORMAT_BITS = {"compressed-tensors": (2, 3, 4, 8), "gptq": (2, 4, 8), "gptq_v2": (2, 4, 8),
-               "awq": (4,)}
+# Storable widths per checkpoint format: compressed-tensors packs 1-8 bits as a dense bit
+# stream, the GPTQ layout 2/3/4/8 (3-bit codes straddle words); AutoAWQ's GEMM layout is
+# 4-bit only. qcal's QuantLinear holds 2, 3, 4 and 8.
+FORMAT_BITS = {"compressed-tensors": (2, 3, 4, 8), "gptq": (2, 3, 4, 8),
+               "gptq_v2": (2, 3, 4, 8), "awq": (4,)}
 OVERRIDE_KEYS = {"bits": "bits", "group": "group_size", "group_size": "group_size", "sym": "sym"}
 
 
@@ -358,6 +376,21 @@ class SchemeOverride:
         except re.error as err:
             raise ConfigError(f"--scheme-override pattern {self.pattern!r} is not a regular "
                               f"expression ({err})") from None
+        if self.bits is not None and self.bits not in SUPPORTED_BITS:
+            raise ConfigError(f"--scheme-override {self.pattern!r}: bits={self.bits} is not "
+                              f"supported; choose one of {SUPPORTED_BITS}")
+        if self.group_size is not None and (self.group_size == 0 or self.group_size < -1):
+            raise ConfigError(f"--scheme-override {self.pattern!r}: group {self.group_size} is "
+                              "invalid; use -1 (per channel) or a positive size such as 128")
+
+    def spec(self) -> str:
+        """The override as --scheme-override writes it (for logs and model cards)."""
+        if self.skip:
+            return f"{self.pattern}=skip"
+        parts = [f"{k}:{v}" for k, v in (("bits", self.bits), ("group", self.group_size))
+                 if v is not None] + ([f"sym:{str(self.sym).lower()}"] if self.sym is not None
+                                      else [])
+        return f"{self.pattern}={','.join(parts)}"
 
 
 def parse_scheme_override(text: str) -> SchemeOverride:
@@ -413,6 +446,9 @@ def check_overrides(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fm
     storable = FORMAT_BITS.get(fmt, ())
     for scheme in [base, *(_applied(base, o) for o in overrides)]:
         if scheme is not None and scheme.bits not in storable:
-            raise ConfigError(f"--format {fmt} stores {', '.join(map(str, storable))}-bit weights, "
-                              f"not {scheme.bits}-bit; use --format compressed-tensors "
-                              "(2, 3, 4 or 8 bits) or another width")
+            widths = ", ".join(map(str, storable[:-1])) + " or " * (len(storable) > 1) \
+                + str(storable[-1])
+            hint = ("use --format compressed-tensors for other widths" if fmt == "awq" else
+                    "pick one of those")
+            raise ConfigError(f"--format {fmt} stores {widths}-bit weights, not "
+                              f"{scheme.bits}-bit; {hint}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import torch
 from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
-from qcal.config import ModuleSelection, QuantScheme, to_dict
+from qcal.config import ModuleSelection, QuantScheme, from_dict, to_dict
 from qcal.errors import ConfigError
 from qcal.fsio import (
     MARKER,
@@ -44,6 +45,7 @@ from qcal.packing.checkpoint import (
     is_quantized_checkpoint,
     save_checkpoint,
 )
+from qcal.schemes import check_format, format_fields, stored_sym
 
 WORK_KIND = "quantization work state"
 
@@ -64,13 +66,17 @@ def validate_scheme(model: nn.Module, scheme: QuantScheme,
                           "drop the --targets/--ignore pattern that keeps it float")
     for _, name in names:
         linear = get_module(model, name)
-        scheme.groups_for(linear.in_features, name)
-        per = 32 // scheme.bits if scheme.bits in PACKABLE_BITS else 1
-        if linear.out_features % per:
-            raise ConfigError(
-                f"{name} has out_features={linear.out_features}, not a multiple of {per}; "
-                f"{scheme.bits}-bit packing needs that"
-            )
+        own = selection.scheme_of(name, scheme) if selection is not None else scheme
+        own.groups_for(linear.in_features, name)
+        # Codes fill whole int32 words: 32/bits of them (3 bits: 32 codes in 3 words).
+        per = 32 // math.gcd(32, own.bits) if own.bits in PACKABLE_BITS else 1
+        for what, size in (("out_features", linear.out_features),
+                           ("in_features", linear.in_features)):
+            if size % per:
+                raise ConfigError(
+                    f"{name} has {what}={size}, not a multiple of {per}; {own.bits}-bit "
+                    "packing needs that (pick another width for it with --scheme-override)"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,9 +178,12 @@ def quantize_model_dir(
     check_token_ids(calib_ids, net, "calibration")
     arch = arch_for(net)
     validate_scheme(net, config.scheme, opts.selection)
-    if not opts.packed or config.scheme.bits not in PACKABLE_BITS:
+    overrides = opts.selection.schemes
+    widths = {config.scheme.bits, *(o.bits for o in overrides if o.bits is not None)}
+    if not opts.packed or not widths <= set(PACKABLE_BITS):
         raise ConfigError(
-            f"{config.scheme.bits}-bit results cannot be packed into a GPTQ checkpoint; "
+            f"{max(widths - set(PACKABLE_BITS), default=config.scheme.bits)}-bit results cannot "
+            "be packed into a GPTQ checkpoint; "
             f"use bits in {PACKABLE_BITS} (other widths are available as fake-quant in Python)"
         )
     if opts.weights_dir is None and not is_quantized_checkpoint(src) and not arch.adapted:
@@ -208,15 +217,16 @@ def quantize_model_dir(
         # Replayable with --awq-artifact; in a subfolder so weight loaders never read it.
         extra[f"artifacts/{AWQ_ARTIFACT}"] = artifact.read_bytes()
     # quant_log.json is written inside the atomic step: its presence marks a finished checkpoint.
+    sym = stored_sym(config.scheme, overrides)
+    fields = format_fields(config.scheme, overrides, fmt, quant_method.checkpoint_fields(config))
     if opts.dist.is_main and is_streamed(net):
-        save_streamed_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
+        save_streamed_checkpoint(net, out_dir, tokenizer, sym=sym,
                                  work_dir=Path(opts.work_dir), source_dir=Path(src),  # type: ignore[arg-type]
-                                 fields=quant_method.checkpoint_fields(config), meta=meta,
+                                 fields=fields, meta=meta,
                                  extra_files=extra, fmt=fmt, shard_bytes=opts.shard_bytes)
     elif opts.dist.is_main:  # under torchrun every rank holds the same result; one writes it
-        save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym,
-                        fields=quant_method.checkpoint_fields(config), meta=meta, extra_files=extra,
-                        fmt=fmt)
+        save_checkpoint(net, out_dir, tokenizer, sym=sym, fields=fields, meta=meta,
+                        extra_files=extra, fmt=fmt)
     return log
 
 
@@ -237,14 +247,18 @@ def replay_awq_model_dir(model: str | Path | None, artifact: str | Path,
     net, tokenizer, src = load_model(model, trust_remote_code=trust_remote_code)
     if is_quantized_checkpoint(src):
         raise ConfigError(f"{src} is already quantized; replay the AWQ artifact on the float model")
-    validate_scheme(net, config.scheme)
+    selection = (from_dict(ModuleSelection, art["selection"]) if "selection" in art
+                 else ModuleSelection())
+    validate_scheme(net, config.scheme, selection)
     started = time.perf_counter()
     apply_awq_artifact(net, art)
     meta = {"method": "awq", "config": to_dict(config), "source_model": str(src),
             "calibration": None, "awq_artifact": str(Path(artifact).resolve()),
             "quantize_seconds": round(time.perf_counter() - started, 2), "format": fmt,
             "command": command}
-    save_checkpoint(net, out_dir, tokenizer, sym=config.scheme.sym, meta=meta, fmt=fmt,
+    save_checkpoint(net, out_dir, tokenizer, sym=stored_sym(config.scheme, selection.schemes),
+                    fields=format_fields(config.scheme, selection.schemes, fmt, {}),
+                    meta=meta, fmt=fmt,
                     extra_files={"quant_log.json": json.dumps(meta, indent=2, default=str),
                                  "README.md": model_card(meta, fmt, str(src), command)})
     return meta
@@ -264,21 +278,33 @@ def export_checkpoint(src: str | Path, out_dir: Path, fmt: str, policy: OutputPo
     check_output(out_dir, CHECKPOINT_KIND, overwrite=policy.overwrite, protected=(src_dir,),
                  legacy_owned=is_legacy_qcal_checkpoint)
     check_writable(out_dir, size)
-    net, tokenizer, _ = load_model(src_dir)
     try:
         log = json.loads((src_dir / "quant_log.json").read_text())
     except (OSError, ValueError):
         log = {"method": "unknown (not written by qcal)", "config": {}}
     qcfg = json.loads((src_dir / "config.json").read_text())["quantization_config"]
     sym = bool((log.get("config") or {}).get("scheme", {}).get("sym", qcfg.get("sym", False)))
+    # Per-module schemes travel: qcal's own rules from the recipe, else a GPTQ `dynamic`.
+    modules = ((log.get("recipe") or {}).get("modules")) or {}
+    overrides = from_dict(ModuleSelection, modules).schemes if modules else ()
+    fields: dict[str, Any] = {"desc_act": bool(qcfg.get("desc_act", False)
+                                               or (log.get("config") or {}).get("desc_act"))}
+    if overrides:
+        base_scheme = from_dict(QuantScheme, (log.get("config") or {}).get("scheme") or {})
+        sym = stored_sym(base_scheme, overrides)
+        fields = format_fields(base_scheme, overrides, fmt, fields)
+        check_format(base_scheme, overrides, fmt)  # e.g. the one-scheme AWQ layout
+    elif qcfg.get("dynamic") and fmt.startswith("gptq"):
+        fields.update(bits=qcfg.get("bits"), group_size=qcfg.get("group_size"),
+                      dynamic=qcfg["dynamic"])
+    net, tokenizer, _ = load_model(src_dir)
     log = {**log, "format": fmt, "exported_from": str(src_dir),
            "source_command": log.get("command"), "command": command}
     base = str(log.get("source_model") or src_dir)
     extra: dict[str, str | bytes] = {"quant_log.json": json.dumps(log, indent=2, default=str),
                                      "README.md": model_card(log, fmt, base, command)}
     save_checkpoint(net, out_dir, tokenizer, sym=sym, meta=log, extra_files=extra, fmt=fmt,
-                    fields={"desc_act": bool(qcfg.get("desc_act", False)
-                                             or (log.get("config") or {}).get("desc_act"))})
+                    fields=fields)
     return out_dir
 
 

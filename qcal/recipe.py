@@ -83,13 +83,20 @@ class QuantRecipe:
     format: str = "compressed-tensors"  # checkpoint format (packing.checkpoint.FORMATS)
     command: str | None = None  # the command line that made the recipe, for the model card
     notes: tuple[str, ...] = ()  # choices made for the user (e.g. the automatic group size)
-    modules: ModuleSelection = ModuleSelection()  # --targets/--ignore, --moe-all-experts
+    # --targets/--ignore, --moe-all-experts, --scheme-override (modules.schemes)
+    modules: ModuleSelection = ModuleSelection()
 
     def __post_init__(self) -> None:
         from qcal.packing.checkpoint import FORMATS
 
         if self.format not in FORMATS:
             raise ConfigError(f"--format {self.format!r} is unknown; use one of {', '.join(FORMATS)}")
+        from qcal.schemes import check_format, format_note
+
+        check_format(self.scheme, self.modules.schemes, self.format)  # per-module schemes
+        loaders = format_note(self.scheme, self.modules.schemes, self.format)
+        if loaders is not None and loaders not in self.notes:
+            object.__setattr__(self, "notes", (*self.notes, loaders))
         method_cfg, note = fit_to_format(self.method, self.format)
         if note is not None:  # frozen: the one adjustment a format forces, recorded in notes
             object.__setattr__(self, "method", method_cfg)
@@ -222,6 +229,11 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
     policy = policy or OutputPolicy()
     device = resolve_device(recipe.device)
     model_dir = resolve_model_dir(recipe.model, recipe.trust_remote_code)
+    if recipe.modules.schemes:  # each pattern names a linear, each group fits: before any work
+        from qcal.schemes import check_against_model, linear_shapes
+
+        check_against_model(linear_shapes(model_dir, recipe.trust_remote_code), recipe.modules,
+                            recipe.scheme)
     out = Path(recipe.output) if recipe.output else default_output_dir(
         recipe.model, recipe.method_name, recipe.scheme)
     key = recipe.checkpoint_key(model_dir)
@@ -245,6 +257,9 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None, policy: A
                                      manifest, opts, trust_remote_code=recipe.trust_remote_code,
                                      extra_log={"recipe": recipe.to_dict(), "recipe_key": key,
                                                 "notes": list(recipe.notes),
+                                                **({"scheme_overrides": [
+                                                    o.spec() for o in recipe.modules.schemes]}
+                                                   if recipe.modules.schemes else {}),
                                                 "processes": dist.world},
                                      fmt=recipe.format, command=recipe.command)
             dist.barrier()  # rank 0 has saved; only then does it clean up the work dir

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qcal.commands import add_text_options
-from qcal.config import AWQConfig, ModuleSelection, QuantScheme
+from qcal.config import AWQConfig, ModuleSelection, QuantScheme, parse_scheme_override
 
 
 def add_parser(sub: Any) -> None:
@@ -21,7 +21,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--method", default="rtn", choices=METHODS.names(),
                    help="quantization method")
     p.add_argument("--bits", type=int, default=4,
-                   help="bits per weight: 2, 4 or 8 (what a checkpoint can pack; awq format: 4)")
+                   help="bits per weight: 2, 3, 4 or 8 (what a checkpoint can pack; awq format: "
+                        "4; 3 bits need in/out_features divisible by 32); default 4")
     p.add_argument("--group-size", default="auto",
                    help="weights per scale along in_features; -1 per channel; default auto: the "
                         "largest of 128/64/32 that divides every quantized in_features")
@@ -83,6 +84,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--moe-all-experts", action="store_true",
                    help="MoE: every calibration token also reaches every expert (outputs "
                         "discarded), so no expert goes without calibration data")
+    p.add_argument("--scheme-override", action="append", default=[],
+                   metavar="REGEX=bits:B,group:G[,sym:true|false]",
+                   help="per-module scheme: linears whose full name matches REGEX (re.match from "
+                        "the start, e.g. '.*down_proj') take these fields instead of --bits/"
+                        "--group-size/--sym; REGEX=skip keeps them float; repeatable, the first "
+                        "match wins (like GPTQModel's dynamic); default: none")
     p.add_argument("--show-arch", action="store_true",
                    help="print the architecture qcal resolves for the model (layers, linears, "
                         "steps, AWQ scale groups) and exit without quantizing")
@@ -172,7 +179,8 @@ def make_recipe(args: argparse.Namespace) -> Any:
     if args.eval:
         langs = tuple(x.strip() for x in args.eval_langs.split(",") if x.strip())
         evaluation = EvalConfig(langs=langs, max_windows=args.eval_windows, seqlen=args.seqlen)
-    modules = ModuleSelection(tuple(args.targets), tuple(args.ignore), args.moe_all_experts)
+    modules = ModuleSelection(tuple(args.targets), tuple(args.ignore), args.moe_all_experts,
+                              tuple(map(parse_scheme_override, args.scheme_override)))
     return QuantRecipe(method=make_config(args), calib=calib, model=args.model, modules=modules,
                        output=str(args.output) if args.output else None, device=args.device,
                        trust_remote_code=args.trust_remote_code, eval=evaluation,

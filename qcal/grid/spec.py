@@ -58,6 +58,8 @@ class GridSpec:
     limit: int | None = None
     task_limits: dict[str, int] = dataclasses.field(default_factory=dict, hash=False)  # {task: n}
     eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
+    # Per-module schemes of every quantized cell, as --scheme-override writes them.
+    scheme_overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from qcal.schema import validate_grid_keys
@@ -154,9 +156,12 @@ class GridSpec:
         calib = self.calib_config(cell.selector, cell) if cell.selector is not None else None
         # Grid checkpoints stay in the GPTQ layout: its g_idx act-order is what the committed
         # studies measured, and their cached cells keep their keys (qcal reads any format).
+        from qcal.config import ModuleSelection, parse_scheme_override
+
+        modules = ModuleSelection(schemes=tuple(map(parse_scheme_override, self.scheme_overrides)))
         return QuantRecipe(method=self.method_config(cell.method, cell), calib=calib,
                            model=self.setting(cell, "model"), output=str(output), device=device,
-                           format="gptq")
+                           format="gptq", modules=modules)
 
     def float_cell(self, cell: Cell) -> Cell:
         """The float reference that `cell` is compared with (same model)."""
@@ -190,7 +195,7 @@ def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> Gri
 
 
 # Fields that change only the cells' recipes (their keys tell stale cells), not the grid.
-RECIPE_ONLY_FIELDS = {"method_options": {}, "selector_options": {}}
+RECIPE_ONLY_FIELDS = {"method_options": {}, "selector_options": {}, "scheme_overrides": ()}
 
 # Renamed fields: old grid files (and grid.json of finished grids) still load.
 RENAMED_FIELDS = {"calibration": "confidence", "models": "model", "seeds": "seed"}

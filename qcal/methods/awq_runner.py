@@ -46,7 +46,7 @@ from qcal.methods.awq_artifact import (
     write_entry,
 )
 from qcal.methods.awq_inputs import InputDigest, InputPlan, search_batches
-from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec
+from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec, selection_tag
 from qcal.model.adapters import calibrate_experts, finish_experts
 from qcal.model.arch import ArchSpec, ScaleGroup, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
@@ -58,6 +58,8 @@ from qcal.model.sequential import layer_linear, resume_fingerprint, sequential_q
 from qcal.packing.qlinear import QuantLinear
 from qcal.quant import awq
 from qcal.quant.base import rtn_quantize
+
+ALL_LINEARS = ModuleSelection()  # the default selection: every linear at the base scheme
 
 __all__ = ["ARTIFACT_NAME", "apply_awq_artifact", "awq_quantize_model", "call_block",
            "fold_scale", "group_applies", "load_artifact", "save_artifact", "search_layer"]
@@ -127,17 +129,20 @@ def fold_scale(layer: nn.Module, group: ScaleGroup, s: torch.Tensor, norm_offset
 @torch.no_grad()
 def quantize_layer_weights(layer: nn.Module, arch: ArchSpec, scheme: QuantScheme,
                            clips: Mapping[str, torch.Tensor], packed: bool = True,
-                           prefix: str = "") -> dict[str, torch.Tensor]:
-    """Clamp by the clip thresholds, RTN every linear, swap in QuantLinears; returns the
-    float weights each linear held just before rounding (clipped, scaled)."""
+                           prefix: str = "", selection: ModuleSelection = ALL_LINEARS,
+                           ) -> dict[str, torch.Tensor]:
+    """Clamp by the clip thresholds, RTN every linear (each at its own scheme:
+    `selection.scheme_of`), swap in QuantLinears; returns the float weights each linear held
+    just before rounding (clipped, scaled)."""
     before: dict[str, torch.Tensor] = {}
     for name in arch.linear_names:
         lin = layer_linear(layer, name)
         w = lin.weight.detach()
+        own = selection.scheme_of(prefix + name, scheme)
         if name in clips:
-            w = awq.apply_clip(w, clips[name].to(w.device), scheme.effective_group(w.shape[1]))
+            w = awq.apply_clip(w, clips[name].to(w.device), own.effective_group(w.shape[1]))
         before[name] = w
-        apply_result(layer, name, rtn_quantize(w, scheme, name=prefix + name), packed)
+        apply_result(layer, name, rtn_quantize(w, own, name=prefix + name), packed)
     return before
 
 
@@ -242,12 +247,15 @@ def _group_loss(layer: nn.Module, group: ScaleGroup, digest: InputDigest,
 @torch.no_grad()
 def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQConfig,
                  device: str = "cpu", prefix: str = "", dist: DistContext = SINGLE,
+                 selection: ModuleSelection = ALL_LINEARS,
                  ) -> tuple[dict[str, Any], dict[str, float | None]]:
     """Search, fold and quantize one decoder layer in place; returns (artifact entry, losses).
 
     Under torchrun each rank holds its own calibration shard: activation statistics, block
     losses and clip errors are summed across ranks, and rank 0's choices are broadcast, so
-    every rank folds and rounds the same weights."""
+    every rank folds and rounds the same weights. Scale and clip searches score each
+    linear at its own scheme (`selection.scheme_of`, --scheme-override)."""
+    schemes = {n: selection.scheme_of(prefix + n, cfg.scheme) for n in arch.linear_names}
     kwargs = [_kwargs_to(kw, device) for kw in inputs.kwargs]
     shared = _shared_inputs(arch)
     groups = [g for g in arch.scale_groups if group_applies(layer, g)]
@@ -265,10 +273,12 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
         abs_sum = digest.abs_sum.clone()
         dist.all_reduce_sum(abs_sum)
         weights = {n: m.weight.detach().clone() for n, m in linears.items()}
-        w_mean = awq.weight_channel_mean(weights.values(), cfg.scheme) if cfg.duo_scaling else None
+        w_mean = (awq.weight_channel_mean(weights.values(), [schemes[n] for n in weights])
+                  if cfg.duo_scaling else None)
         found = awq.search_scale(abs_sum / count, weights,
                                  _group_loss(layer, group, digest, kwargs, dist),
-                                 cfg.scheme, cfg.grid_points, w_mean, cfg.coarse_to_fine)
+                                 {n: schemes[n] for n in weights}, cfg.grid_points, w_mean,
+                                 cfg.coarse_to_fine)
         dist.broadcast(found.scale, 0)
         fold_scale(layer, group, found.scale, arch.norm_offset)
         for rep in {shared[n] for n in group.linears}:
@@ -289,11 +299,11 @@ def search_layer(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, cfg: AWQ
             if tokens == 0:
                 continue
             reduce = dist.all_reduce_sum if dist.active else None
-            clip = awq.search_clip(w, x, cfg.scheme, cfg.clip_grid, cfg.max_shrink,
+            clip = awq.search_clip(w, x, schemes[name], cfg.clip_grid, cfg.max_shrink,
                                    reduce=reduce, total_tokens=tokens)
             clips[name] = dist.broadcast(clip.contiguous(), 0).cpu()
     floats = {n: layer_linear(layer, n).weight.detach().float().clone() for n in arch.linear_names}
-    quantize_layer_weights(layer, arch, cfg.scheme, clips, True, prefix)
+    quantize_layer_weights(layer, arch, cfg.scheme, clips, True, prefix, selection)
     losses: dict[str, float | None] = {}
     for name, w in floats.items():
         x = samples[shared[name]]
@@ -329,7 +339,7 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
         prefix = f"{arch.layers_path}.{index}."
         calibrate_experts(layer, opts.selection.moe_all_experts)
         entry, layer_losses = search_layer(layer, layer_spec(arch, index, opts.selection), inputs,
-                                           cfg, opts.device, prefix, dist)
+                                           cfg, opts.device, prefix, dist, opts.selection)
         finish_experts(layer)
         entries[index] = entry
         if opts.work_dir is not None and dist.is_main:
@@ -341,7 +351,8 @@ def awq_quantize_model(model: nn.Module, cfg: AWQConfig, calib_ids: torch.Tensor
     logs = sequential_quantize(
         model, arch, dist.shard(calib_ids), quantize_layer, device=opts.device,
         progress=opts.progress and dist.is_main, desc="awq", work_dir=opts.work_dir,
-        resume=opts.resume, fingerprint=_fingerprint(model, cfg, calib_ids) + f"-x{dist.world}",
+        resume=opts.resume, fingerprint=(_fingerprint(model, cfg, calib_ids) + f"-x{dist.world}"
+                                         + selection_tag(opts.selection)),
         # Each layer's float weights from a short-lived mapping: the memory-mapped float
         # model would otherwise become resident layer by layer beside the packed one.
         weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
@@ -387,7 +398,7 @@ def apply_awq_artifact(model: nn.Module, artifact: Mapping[str, Any] | str | Pat
             fold_scale(layer, group, g["scale"].to(next(layer.parameters()).device),
                        float(art["norm_offset"]))
         quantize_layer_weights(layer, spec, cfg.scheme, entry["clips"], packed,
-                               f"{arch.layers_path}.{index}.")
+                               f"{arch.layers_path}.{index}.", selection)
 
 
 def run_awq(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor | None,

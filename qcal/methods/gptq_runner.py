@@ -9,15 +9,18 @@ quantized layer to make the next layer's inputs.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from qcal_kernels.dispatch import prime_reference
 from torch import nn
 
-from qcal.config import GPTQConfig
+from qcal.config import GPTQConfig, QuantScheme
 from qcal.errors import ConfigError
-from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec
+from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec, selection_tag
 from qcal.model.adapters import calibrate_experts, finish_experts
 from qcal.model.arch import ArchSpec
 from qcal.model.capture import LayerInputs, feed_linear_inputs
@@ -98,6 +101,7 @@ def quantize_layer_gptq(
     layer: nn.Module, inputs: LayerInputs, steps: tuple[tuple[str, ...], ...], cfg: GPTQConfig,
     prefix: str = "", device: str = "cpu", packed: bool = True, dist: DistContext = SINGLE,
     attention: tuple[str, str] | None = None, attention_norm: str | None = None,
+    scheme_of: Callable[[str], QuantScheme] | None = None,
 ) -> dict[str, float | None]:
     """Quantize one decoder layer in place; returns {linear name: hessian loss}.
 
@@ -106,8 +110,14 @@ def quantize_layer_gptq(
     With `attention` (ArchSpec.attention) the attention core is run once after q/k/v are
     final and replayed for the later steps and the layer's final pass (qcal.model.replay;
     the caller releases it with `release_replay` after that pass), skipping
-    `attention_norm` (ArchSpec.attention_norm) while it does."""
+    `attention_norm` (ArchSpec.attention_norm) while it does. `scheme_of(name)` gives a
+    linear its own scheme (--scheme-override; default: `cfg.scheme` for all)."""
     losses: dict[str, float | None] = {}
+
+    def cfg_of(name: str) -> GPTQConfig:
+        scheme = scheme_of(name) if scheme_of is not None else cfg.scheme
+        return cfg if scheme == cfg.scheme else dataclasses.replace(cfg, scheme=scheme)
+
     for name in (n for step in steps for n in step):
         layer_linear(layer, name)  # fail early on a wrong ArchSpec
     replay = _attention_replay(layer, steps, attention, len(inputs.hidden), attention_norm)
@@ -124,27 +134,31 @@ def quantize_layer_gptq(
         # permutation, and GPTQ treats weight rows independently: one column loop over
         # their stacked rows gives each the result it would get alone, at a fraction of
         # the Python iterations.
-        shared: dict[str, list[str]] = {}
+        # Rows stack only when they share a scheme too (--scheme-override may split q/k/v).
+        shared: dict[tuple[str, QuantScheme], list[str]] = {}
         for name in step:
             if sink.alias.get(name, name) not in sink.hessians:
                 # An expert the router sent no calibration token: round to nearest.
                 apply_result(layer, name, rtn_quantize(layer_linear(layer, name).weight.data,
-                                                       cfg.scheme, name=prefix + name), packed)
+                                                       cfg_of(name).scheme, name=prefix + name),
+                             packed)
                 losses[name] = None
                 continue
-            shared.setdefault(sink.alias.get(name, name), []).append(name)
+            shared.setdefault((sink.alias.get(name, name), cfg_of(name).scheme), []).append(name)
         batches = list(shared.values())
+        left = Counter(input_owner for input_owner, _ in shared)  # batches per Hessian
         linears = {n: layer_linear(layer, n) for b in batches for n in b}
         owners = dist.owners([linears[b[0]].in_features ** 2 * sum(linears[n].out_features
                                                                     for n in b) for b in batches])
-        for names, owner in zip(batches, owners, strict=True):
+        for (input_owner, _), names, owner in zip(shared, batches, owners, strict=True):
             stacked = torch.cat([linears[n].weight.data for n in names]) if len(names) > 1 \
                 else linears[names[0]].weight.data
             result = None
+            batch_cfg = cfg_of(names[0])
             if owner == dist.rank:
-                result = gptq_quantize(stacked, sink.hessian(names[0]), cfg,
+                result = gptq_quantize(stacked, sink.hessian(names[0]), batch_cfg,
                                        name=f"{prefix}{'+'.join(names)}", with_loss=False)
-            result = _share_result(result, stacked, cfg, owner, dist)
+            result = _share_result(result, stacked, batch_cfg, owner, dist)
             start = 0
             for name in names:
                 rows = linears[name].out_features
@@ -162,8 +176,11 @@ def quantize_layer_gptq(
                 part.loss = hessian_loss(float_weight, dense, sink.hessian(name).float())
                 losses[name] = part.loss
                 start += rows
-            # issue 36: this Hessian (in_features^2 floats) is done; free it before the next.
-            sink.hessians.pop(sink.alias.get(names[0], names[0]), None)
+            # issue 36: this Hessian (in_features^2 floats) is done once no batch of another
+            # scheme still reads it; free it before the next.
+            left[input_owner] -= 1
+            if not left[input_owner]:
+                sink.hessians.pop(input_owner, None)
             del stacked, result
         del sink
     return losses
@@ -232,9 +249,12 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
         spec = layer_spec(arch, index, opts.selection)
         steps = spec.sequential if cfg.true_sequential else (spec.linear_names,)
         calibrate_experts(layer, opts.selection.moe_all_experts)
-        losses = quantize_layer_gptq(layer, inputs, steps, cfg, f"{arch.layers_path}.{index}.",
+        prefix = f"{arch.layers_path}.{index}."
+        losses = quantize_layer_gptq(layer, inputs, steps, cfg, prefix,
                                      opts.device, opts.packed, dist, spec.attention,
-                                     spec.attention_norm)
+                                     spec.attention_norm,
+                                     lambda name: opts.selection.scheme_of(prefix + name,
+                                                                           cfg.scheme))
         finish_experts(layer)
         if dist.is_main:
             opts.log(f"gptq layer {index}: " + ", ".join(
@@ -246,7 +266,8 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
             model, arch, dist.shard(calib), one_layer, device=opts.device, batch_size=CALIB_BATCH,
             progress=opts.progress and dist.is_main, desc="gptq", work_dir=opts.work_dir,
             resume=opts.resume,
-            fingerprint=fingerprint(model, cfg, calib, opts.packed) + f"-x{dist.world}",
+            fingerprint=(fingerprint(model, cfg, calib, opts.packed) + f"-x{dist.world}"
+                         + selection_tag(opts.selection)),
             store_dtype=None if store == model_dtype else store,
             weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
             dist=dist, max_memory=opts.max_memory,  # issue 36: activation budget

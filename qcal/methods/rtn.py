@@ -34,10 +34,11 @@ from qcal.quant.base import rtn_quantize
 
 
 def _quantize_linear(module: nn.Module, name: str, full_name: str, cfg: RTNConfig,
-                     packed: bool) -> float:
+                     opts: RunOptions) -> float:
     weight = get_module(module, name).weight.detach()
-    result = rtn_quantize(weight, cfg.scheme, name=full_name, with_loss=True)
-    apply_result(module, name, result, packed)
+    scheme = opts.selection.scheme_of(full_name, cfg.scheme)  # --scheme-override
+    result = rtn_quantize(weight, scheme, name=full_name, with_loss=True)
+    apply_result(module, name, result, opts.packed)
     return float(result.loss)  # type: ignore[arg-type]
 
 
@@ -49,7 +50,7 @@ def run_rtn(model: nn.Module, cfg: RTNConfig, calib: torch.Tensor | None,
     losses: dict[str, float | None] = {}
     names = iter_layer_linears(model, arch, opts.selection)
     for _, name in tqdm(names, desc="rtn", disable=not opts.progress):
-        losses[name] = _quantize_linear(model, name, name, cfg, opts.packed)
+        losses[name] = _quantize_linear(model, name, name, cfg, opts)
     return losses
 
 
@@ -74,7 +75,7 @@ def _run_streamed(model: nn.Module, arch: ArchSpec, cfg: RTNConfig,
         weights.load_into(layers[index], prefix, keep_stored=keep)
         for name in layer_spec(arch, index, opts.selection).linear_names:
             losses[prefix + name] = _quantize_linear(layers[index], name, prefix + name, cfg,
-                                                     opts.packed)
+                                                     opts)
         if opts.dist.is_main:
             write_layer_state(work, index, layers[index])
             atomic_write_text(work / PROGRESS_FILE, json.dumps(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from qcal_kernels.format import PACKABLE_BITS as PACKED_WIDTHS
 from safetensors import safe_open
 
 from qcal.errors import CheckpointError, ConfigError, ModelNotFoundError, RemoteCodeError
@@ -161,13 +162,19 @@ def check_packed_tensors(path: Path) -> None:
     if qcfg.get("quant_method") != "gptq":
         return  # other layouts are converted (and shape-checked) by the loader
     try:
-        bits = int(qcfg["bits"])
+        base_bits = int(qcfg["bits"])
     except (KeyError, TypeError, ValueError):
         return  # the loader names a missing or non-integer bits
+    from qcal.packing.formats import dynamic_scheme
+
     files = file_tensors(path)
-    per_word = 32 // bits if bits in (2, 4, 8) else None
     for key in [k for k in files if k.endswith(".qweight")]:
         layer = key[: -len(".qweight")]
+        try:  # GPTQModel's `dynamic` rules give a layer its own width (per-module schemes)
+            bits = dynamic_scheme(qcfg.get("dynamic"), layer, base_bits, 0)[0]
+        except (TypeError, ValueError, AttributeError):
+            return  # the loader names a malformed `dynamic`
+        packed = bits in PACKED_WIDTHS  # K codes fill K*bits/32 int32 words
         need = {s: f"{layer}.{s}" for s in ("scales", "qzeros", "g_idx")}
         absent = [n for n in need.values() if n not in files]
         if absent:
@@ -178,14 +185,14 @@ def check_packed_tensors(path: Path) -> None:
         (in_features,) = files[need["g_idx"]][1] or (0,)
         zrows, zcols = files[need["qzeros"]][1]
         held = 32 * rows // in_features if in_features and rows else None
-        if (per_word and held in (2, 4, 8) and held != bits and scale_cols == out_features
-                and zrows == groups and zcols * (32 // held) == out_features):
+        if (packed and held in PACKED_WIDTHS and held != bits and scale_cols == out_features
+                and zrows == groups and zcols * 32 == out_features * held):
             raise CheckpointError(
                 f"checkpoint {path}: {layer} holds {held}-bit codes, but its config.json says "
                 f"bits={bits}: the checkpoint does not match its config.json; fix config.json or "
                 "re-create it with `qcal quantize`")
-        if per_word and (rows * per_word != in_features or scale_cols != out_features
-                         or zrows != groups or zcols * per_word != out_features):
+        if packed and (rows * 32 != in_features * bits or scale_cols != out_features
+                       or zrows != groups or zcols * 32 != out_features * bits):
             raise CheckpointError(
                 f"checkpoint {path}: the packed tensors of {layer} disagree (qweight "
                 f"{[rows, out_features]}, scales {[groups, scale_cols]}, qzeros {[zrows, zcols]}, "

@@ -186,6 +186,9 @@ def model_card(meta: dict[str, Any], fmt: str, base_model: str, command: str | N
         f"- Method: {method}; scheme: {bits}-bit, group size {group}, "
         f"{'symmetric' if sym else 'asymmetric'}",
         f"- Method settings: `{json.dumps(extras, sort_keys=True)}`",
+        *(["- Per-module schemes (`--scheme-override`, first match wins): "
+           + ", ".join(f"`{o}`" for o in meta["scheme_overrides"])]
+          if meta.get("scheme_overrides") else []),
         *_calibration_lines(meta.get("calibration")),
         *_arch_lines(meta.get("arch")),
         f"- Base model licence: {info['license'] or 'see the base model'}",

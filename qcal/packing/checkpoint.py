@@ -108,10 +108,12 @@ def save_checkpoint(
         raise CheckpointError(f"unknown checkpoint format {fmt!r}; known: {', '.join(FORMATS)}")
     first = next(iter(layers.values()))
     if fmt in ("gptq", "gptq_v2"):
-        if len({(q.bits, q.group_size) for q in layers.values()}) > 1:
-            # (GPTQModel's `dynamic` field would say it; qcal does not write that yet.)
+        if len({(q.bits, q.group_size) for q in layers.values()}) > 1 and \
+                not (fields or {}).get("dynamic"):
+            # Per-module schemes are said by GPTQModel's `dynamic` field (qcal.schemes).
             raise CheckpointError(f"the {fmt} quantization_config holds one scheme for every "
-                                  "linear; per-module schemes need --format compressed-tensors")
+                                  "linear unless its `dynamic` field names the others; pass "
+                                  "the --scheme-override rules that made them")
         storage = "gptq_v2" if fmt == "gptq_v2" else _zero_storage_format(model)
         qcfg = quantization_config(first, sym, storage, meta or {}, fields)
         state = _state_for_disk(model, storage)
@@ -196,8 +198,10 @@ def other_format_config(model: nn.Module, fmt: str, first: QuantLinear, sym: boo
     by_scheme: dict[tuple[int, int], list[str]] = {}
     for name, layer in quant_modules(model).items():
         by_scheme.setdefault((layer.bits, layer.group_size), []).append(name)
+    every = [n for names in by_scheme.values() for n in names]
     groups = ([(first.bits, first.group_size, ["Linear"])] if len(by_scheme) == 1 else
-              [(bits, group, names) for (bits, group), names in by_scheme.items()])
+              [(bits, group, formats.ct_targets(names, every))
+               for (bits, group), names in by_scheme.items()])
     # Act-order reaches this format only with static groups (ct_tensors refuses g_idx).
     return formats.ct_config(groups, sym, bool(fields.get("desc_act")), ignore)
 
@@ -293,15 +297,20 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         def scheme_of(name: str) -> tuple[int, int]:
             return ct_layer_scheme(groups, name)
     else:
+        from qcal.packing.formats import dynamic_scheme
+
         try:
             bits, group_size = int(qcfg["bits"]), int(qcfg["group_size"])
-        except (KeyError, TypeError, ValueError):
+            dynamic = qcfg.get("dynamic") if method == "gptq" else None
+            all_bits = {bits, *(int((f or {}).get("bits", bits))
+                                for f in (dynamic or {}).values())}
+        except (KeyError, TypeError, ValueError, AttributeError):
             raise CheckpointError(f"{path}/config.json quantization_config needs integer \"bits\" "
-                                  "and \"group_size\"; re-create it with `qcal quantize`") from None
-        all_bits = {bits}
+                                  "and \"group_size\" (and a `dynamic` of pattern -> fields); "
+                                  "re-create it with `qcal quantize`") from None
 
-        def scheme_of(name: str) -> tuple[int, int]:
-            return bits, group_size
+        def scheme_of(name: str) -> tuple[int, int]:  # GPTQModel's per-module `dynamic` rules
+            return dynamic_scheme(dynamic, name, bits, group_size)
     unpackable = sorted(all_bits - set(PACKABLE_BITS))
     if unpackable:
         raise CheckpointError(f"{path}/config.json says bits={unpackable[0]}; qcal's checkpoints "

@@ -21,6 +21,7 @@ QuantLinear and any QuantLinear model saves in any format.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import torch
@@ -166,6 +167,29 @@ def ct_config(groups: list[tuple[int, int, list[str]]], sym: bool, actorder: boo
     return out
 
 
+def ct_targets(names: list[str], every: list[str]) -> list[str]:
+    """Config-group targets that match exactly `names` among all quantized linears `every`:
+    one `re:` pattern per kind of linear (its name with each index as `\\d+`, anchored at
+    the end; compressed-tensors re.match-es from the start) where every linear of that kind
+    is in `names`, else the linears' own names."""
+    def kind(name: str) -> str:
+        return r"\.".join(r"\d+" if part.isdigit() else re.escape(part)
+                          for part in name.split("."))
+
+    members: dict[str, set[str]] = {}
+    for name in every:
+        members.setdefault(kind(name), set()).add(name)
+    chosen, out = set(names), []
+    for name in names:
+        pattern = kind(name)
+        if members[pattern] <= chosen:
+            if f"re:{pattern}$" not in out:
+                out.append(f"re:{pattern}$")
+        else:
+            out.append(name)
+    return out
+
+
 def ct_groups(qcfg: dict[str, Any]) -> list[tuple[int, int, list[str]]]:
     """(bits, group size, targets) of each weight-only config group qcal can read."""
     if qcfg.get("format") != CT_FORMAT:
@@ -194,8 +218,6 @@ def ct_scheme(qcfg: dict[str, Any]) -> tuple[int, int, list[str], list[str]]:
 def ct_layer_scheme(groups: list[tuple[int, int, list[str]]], name: str) -> tuple[int, int]:
     """(bits, group size) of linear `name`: the group that names it (exactly or by a
     `re:` pattern) before one that targets every "Linear"."""
-    import re
-
     for bits, group, targets in groups:
         for t in targets:
             if t == name or (t.startswith("re:") and re.fullmatch(t[3:], name)):
@@ -205,6 +227,27 @@ def ct_layer_scheme(groups: list[tuple[int, int, list[str]]], name: str) -> tupl
             return bits, group
     raise CheckpointError(f"no compressed-tensors config group targets {name}; the checkpoint "
                           "does not match its config.json")
+
+
+# --- GPTQ layout: GPTQModel's per-module `dynamic` rules ---------------------------------
+
+def dynamic_scheme(dynamic: dict[str, Any] | None, name: str, bits: int,
+                   group_size: int) -> tuple[int, int]:
+    """(bits, group size) of linear `name` under a GPTQ checkpoint's `dynamic` field: the
+    first `+:` (or bare) pattern that re.match-es it, else the checkpoint's own."""
+    for key, fields in (dynamic or {}).items():
+        if key.startswith("-:"):
+            continue
+        pattern = key[2:] if key.startswith("+:") else key
+        try:
+            hit = re.match(pattern, name)
+        except re.error as err:
+            raise CheckpointError(f"quantization_config dynamic pattern {pattern!r} is not a "
+                                  f"regular expression ({err}); fix config.json") from None
+        if hit:
+            fields = fields or {}
+            return int(fields.get("bits", bits)), int(fields.get("group_size", group_size))
+    return bits, group_size
 
 
 # --- AWQ GEMM ---------------------------------------------------------------------------

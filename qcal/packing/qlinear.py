@@ -29,13 +29,15 @@ class QuantLinear(nn.Module):
         super().__init__()
         if bits not in PACKABLE_BITS:
             raise ValueError(f"QuantLinear supports {PACKABLE_BITS}-bit codes, got {bits}")
-        per = 32 // bits
         g = in_features if group_size == -1 else group_size
         groups = -(-in_features // g)  # a ragged last group is allowed (see QuantScheme)
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.group_size = bits, group_size
-        self.register_buffer("qweight", torch.zeros(in_features // per, out_features, dtype=torch.int32))
-        self.register_buffer("qzeros", torch.zeros(groups, out_features // per, dtype=torch.int32))
+        # A bit stream of int32 words per column/row: K codes take K*bits/32 words.
+        self.register_buffer("qweight", torch.zeros(in_features * bits // 32, out_features,
+                                                    dtype=torch.int32))
+        self.register_buffer("qzeros", torch.zeros(groups, out_features * bits // 32,
+                                                   dtype=torch.int32))
         self.register_buffer("scales", torch.zeros(groups, out_features, dtype=scale_dtype))
         self.register_buffer("g_idx", torch.arange(in_features, dtype=torch.int32) // g)
         if bias:

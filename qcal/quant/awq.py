@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -78,12 +78,16 @@ def gram_output_loss(delta: torch.Tensor, gram: torch.Tensor, tokens: int) -> fl
     return float(((d @ gram) * d).sum()) / (tokens * d.shape[0])
 
 
-def weight_channel_mean(weights: Iterable[torch.Tensor], scheme: QuantScheme) -> torch.Tensor:
-    """s_w for duo scaling: |W| relative to its group's max, averaged per input channel."""
+def weight_channel_mean(weights: Iterable[torch.Tensor],
+                        scheme: QuantScheme | Sequence[QuantScheme]) -> torch.Tensor:
+    """s_w for duo scaling: |W| relative to its group's max, averaged per input channel.
+    `scheme` is one for all weights or one per weight (per-module schemes)."""
     rows = []
-    for w in weights:
+    weights = list(weights)
+    schemes = [scheme] * len(weights) if isinstance(scheme, QuantScheme) else list(scheme)
+    for w, own in zip(weights, schemes, strict=True):
         out_f, in_f = w.shape
-        g = scheme.effective_group(in_f)
+        g = own.effective_group(in_f)
         groups = -(-in_f // g)
         wp = torch.nn.functional.pad(w.float().abs(), (0, groups * g - in_f)).reshape(out_f, groups, g)
         rel = wp / wp.amax(dim=-1, keepdim=True).clamp(min=1e-12)
@@ -156,10 +160,13 @@ def search_order(grid_points: int, coarse_to_fine: bool) -> tuple[list[int], boo
 
 def search_scale(
     x_mean: torch.Tensor, weights: Mapping[str, torch.Tensor], block_loss: BlockLoss,
-    scheme: QuantScheme, grid_points: int = 20, w_mean: torch.Tensor | None = None,
-    coarse_to_fine: bool = False,
+    scheme: QuantScheme | Mapping[str, QuantScheme], grid_points: int = 20,
+    w_mean: torch.Tensor | None = None, coarse_to_fine: bool = False,
 ) -> ScaleSearch:
-    """Try the ratios; `block_loss(fake_weights)` scores the block with those weights swapped in."""
+    """Try the ratios; `block_loss(fake_weights)` scores the block with those weights swapped in.
+    `scheme`: one for every weight, or each weight's own by name (per-module schemes)."""
+    schemes = {name: scheme if isinstance(scheme, QuantScheme) else scheme[name]
+               for name in weights}
     ratios = ratio_grid(grid_points)
     losses: list[float | None] = [None] * grid_points
     best: ScaleSearch | None = None
@@ -167,7 +174,7 @@ def search_scale(
     def evaluate(index: int) -> None:
         nonlocal best
         s = candidate_scale(x_mean, ratios[index], w_mean)
-        fake = {name: scaled_fake_quant(w, s.to(w.device), scheme).to(w.dtype)
+        fake = {name: scaled_fake_quant(w, s.to(w.device), schemes[name]).to(w.dtype)
                 for name, w in weights.items()}
         loss = float(block_loss(fake))
         if not math.isfinite(loss):

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
+# Bit widths each checkpoint format can pack (one table for the CLI and the library).
+from qcal.config import FORMAT_BITS
 from qcal.schema.fields import (
     Count,
     Damp,
@@ -24,6 +26,7 @@ from qcal.schema.fields import (
     NonNegative,
     Options,
     Regex,
+    SchemeOverrideText,
     Seed,
     Selector,
     SeqLen,
@@ -37,9 +40,6 @@ FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
 # A record field name (JSONL, Parquet, datasets): an identifier, never a path or expression.
 TextField = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", max_length=100)]
 Format = Literal["gptq", "gptq_v2", "compressed-tensors", "awq"]
-# Bit widths each checkpoint format can pack (whole int32 words; AWQ's GEMM layout is 4-bit).
-FORMAT_BITS = {"gptq": (2, 4, 8), "gptq_v2": (2, 4, 8), "compressed-tensors": (2, 4, 8),
-               "awq": (4,)}
 
 
 def check_group_size(value: str | int) -> str | int:
@@ -93,7 +93,7 @@ class QuantizeOptions(Options):
     device: Device = "auto"
     model: str | None = None
     method: Method = "rtn"
-    bits: int = Field(4, description="2, 4 or 8 (what a checkpoint can pack)", examples=[4])
+    bits: int = Field(4, description="2, 3, 4 or 8 (what a checkpoint can pack)", examples=[4])
     group_size: GroupSize = "auto"
     sym: Flag = False
     allow_ragged_groups: Flag = False
@@ -126,6 +126,7 @@ class QuantizeOptions(Options):
     targets: list[Regex] = []
     ignore: list[Regex] = []
     moe_all_experts: Flag = False
+    scheme_override: list[SchemeOverrideText] = []
     show_arch: Flag = False
     shard_size: Size = "2GB"
     max_memory: Size | Literal["auto"] = "auto"
@@ -142,6 +143,19 @@ class QuantizeOptions(Options):
         if self.allow_ragged_groups and self.format in ("compressed-tensors", "awq"):
             raise ValueError(f"--allow-ragged-groups cannot be stored in --format {self.format}, "
                              "which needs whole groups; drop it or use --format gptq")
+        if self.scheme_override:  # widths and layouts the format cannot store
+            from qcal.config import QuantScheme, parse_scheme_override
+            from qcal.errors import ConfigError
+            from qcal.schemes import check_format
+
+            try:
+                check_format(QuantScheme(self.bits, sym=self.sym),
+                             tuple(map(parse_scheme_override, self.scheme_override)), self.format)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
+        if self.awq_artifact is not None and self.scheme_override:
+            raise ValueError("--awq-artifact replays a search with the schemes it was made with; "
+                             "drop --scheme-override (or search again without --awq-artifact)")
         if self.awq_artifact is not None and self.method != "awq":
             raise ValueError("--awq-artifact replays an AWQ search; use it with --method awq")
         known_langs(selector_langs(self.selector), self.calib, "--selector language")

@@ -134,7 +134,20 @@ def check_bytes(text: str) -> str:
 
 
 # For options still to come (`--ignore REGEX`, `--max-memory 4GiB`): one field line each.
+def check_scheme_override(text: str) -> str:
+    """'REGEX=bits:B,group:G[,sym:true|false]' or 'REGEX=skip' (qcal.config's parser)."""
+    from qcal.config import parse_scheme_override
+    from qcal.errors import ConfigError
+
+    try:
+        parse_scheme_override(text)
+    except ConfigError as err:
+        raise ValueError(str(err).removeprefix(f"--scheme-override {text!r}: ")) from None
+    return text
+
+
 Regex = Annotated[str, AfterValidator(check_regex)]
+SchemeOverrideText = Annotated[str, AfterValidator(check_scheme_override)]
 Size = Annotated[str, AfterValidator(check_bytes)]
 ExistingFile = Annotated[Path, AfterValidator(existing_file)]
 ExistingDir = Annotated[Path, AfterValidator(existing_dir)]

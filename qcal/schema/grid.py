@@ -11,11 +11,11 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, Strict, field_validator, model_validator
 
-from qcal.schema.fields import Options, PlainName, Selector, Source
+from qcal.schema.fields import Options, PlainName, SchemeOverrideText, Selector, Source
 
 StrictInt = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
-Bits = Annotated[int, Strict(), Field(description="2, 4 or 8 (what a checkpoint can pack)")]
+Bits = Annotated[int, Strict(), Field(description="2, 3, 4 or 8 (what a checkpoint can pack)")]
 Group = Annotated[int, Strict()] | Annotated[str, Strict()]
 
 
@@ -62,7 +62,7 @@ class GridKeys(Options):
         min_length=1)
     methods: Annotated[list[str], BeforeValidator(_comma)] = Field(
         ["rtn", "gptq"], description="a list of methods, e.g. [rtn, gptq, awq]", min_length=1)
-    bits: _axis(Bits) = Field(4, description="2, 4 or 8, or a list of them", examples=[4])
+    bits: _axis(Bits) = Field(4, description="2, 3, 4 or 8, or a list of them", examples=[4])
     group_size: _axis(Group) = Field(
         "auto", description="auto, -1 or a positive integer (or a list)", examples=[128])
     allow_ragged_groups: Bool = False
@@ -93,6 +93,8 @@ class GridKeys(Options):
     task_limits: dict[str, Annotated[int, Strict(), Field(ge=1)]] = Field(
         {}, description="must map a task to its number of items, e.g. {mmlu: 50}")
     eval_text_file: str | None = None
+    scheme_overrides: list[SchemeOverrideText] = Field(
+        [], description="a list of 'REGEX=bits:B,group:G[,sym:true|false]' (or 'REGEX=skip')")
 
     @field_validator("methods")
     @classmethod
@@ -105,9 +107,9 @@ class GridKeys(Options):
     @classmethod
     def _bits(cls, value: int | list[int]) -> int | list[int]:
         for bits in value if isinstance(value, list) else [value]:
-            if bits not in (2, 4, 8):
+            if bits not in (2, 3, 4, 8):
                 raise ValueError(f"{bits}-bit weights cannot be packed into a checkpoint; use "
-                                 "2, 4 or 8")
+                                 "2, 3, 4 or 8")
         return value
 
     @field_validator("group_size")

@@ -55,7 +55,8 @@ def test_checkpoint_bits_do_not_match_tensors(cli: Cli, home: Path) -> None:
     ckpt = home / "ckpt"
     assert cli(*rtn_args(home, ckpt, "--format", "gptq"))[0] == 0
     cfg = json.loads((ckpt / "config.json").read_text())
-    for bits, match in ((8, "does not match its config.json"), (3, "checkpoints hold (2, 4, 8)-bit weights")):
+    for bits, match in ((8, "does not match its config.json"),
+                        (5, "checkpoints hold (2, 3, 4, 8)-bit weights")):
         cfg["quantization_config"]["bits"] = bits
         (ckpt / "config.json").write_text(json.dumps(cfg))
         cli.refused("eval", "--model", ckpt, "--text", home / "calib.txt", match=match,

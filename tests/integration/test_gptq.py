@@ -199,10 +199,11 @@ def test_cli_quantize_gptq(tiny_model_dir: Path, tmp_path: Path,
     assert load_checkpoint(out) is not None
 
 
-@pytest.mark.parametrize(("bits", "packed_type"), [(2, "QuantLinear"), (3, "Linear"), (8, "QuantLinear")])
+@pytest.mark.parametrize(("bits", "packed_type"), [(2, "QuantLinear"), (3, "QuantLinear"),
+                                                  (8, "QuantLinear")])
 def test_other_widths_quantize_the_model(tiny_model_dir: Path, calib: torch.Tensor,
                                          held_out: torch.Tensor, bits: int, packed_type: str) -> None:
-    """2/8 bits pack into QuantLinear; 3 bits stay fake-quant (no 32-bit word holds them)."""
+    """2/3/8 bits pack into QuantLinear (3-bit codes straddle int32 words)."""
     net, _, _ = load_model(tiny_model_dir)
     with torch.no_grad():
         fp = net(input_ids=held_out).logits

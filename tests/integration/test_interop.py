@@ -137,7 +137,7 @@ def test_the_cards_recipe_for_other_formats_loads_in_bare_transformers(
 def test_per_module_schemes_are_config_groups_that_loaders_honour(tiny_model_dir: Path,
                                                                   tmp_path: Path, sym: bool) -> None:
     """Linears of two widths (what --scheme-override makes): one config group per scheme,
-    naming its linears; qcal reads each linear at its own width, and so does bare
+    targeting its linears; qcal reads each linear at its own width, and so does bare
     transformers for symmetric schemes. Asymmetric mixed widths: transformers 5.24's
     load-time dequantization has one scheme for all dense linears, so the file does not ask
     for it and transformers refuses it loudly rather than loading wrong weights."""
@@ -162,7 +162,9 @@ def test_per_module_schemes_are_config_groups_that_loaders_honour(tiny_model_dir
     groups = qcfg["config_groups"]
     assert "dequantize" not in qcfg
     by_bits = {g["weights"]["num_bits"]: sorted(g["targets"]) for g in groups.values()}
-    assert by_bits[8] == sorted(wide) and len(by_bits[4]) == len(quant_modules(net)) - len(wide)
+    # Targets are `re:` patterns, one per kind of linear, since every layer's down_proj is wide.
+    assert by_bits[8] == [r"re:model\.layers\.\d+\.mlp\.down_proj$"] and len(wide) == 2
+    assert len(by_bits[4]) == 6 and all(t.startswith("re:model\\.layers\\.\\d+") for t in by_bits[4])
     back = load_checkpoint(tmp_path / "ct")
     assert {n: q.bits for n, q in quant_modules(back).items()} == {
         n: q.bits for n, q in quant_modules(net).items()}

@@ -15,7 +15,7 @@ from qcal.quant.base import rtn_quantize
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_pack_unpack_rows_identity(bits: int) -> None:
     torch.manual_seed(bits)
     codes = torch.randint(0, 2**bits, (64, 24), dtype=torch.int32)
@@ -33,8 +33,10 @@ def test_pack_cols_identity_and_known_word() -> None:
 
 
 def test_unpackable_widths_raise_clear_errors() -> None:
-    with pytest.raises(KernelError, match="3-bit codes cannot be packed"):
-        pack_rows(torch.zeros(32, 8, dtype=torch.int32), 3)
+    with pytest.raises(KernelError, match="5-bit codes cannot be packed"):
+        pack_rows(torch.zeros(32, 8, dtype=torch.int32), 5)
+    with pytest.raises(KernelError, match="cannot pack 48 rows .* multiple of 32"):
+        pack_rows(torch.zeros(48, 8, dtype=torch.int32), 3)
     with pytest.raises(KernelError, match="cannot pack 12 rows"):
         pack_rows(torch.zeros(12, 8, dtype=torch.int32), 4)
 
@@ -80,3 +82,28 @@ def test_primed_reference_weight_equals_unpacked_and_expires() -> None:
     assert torch.allclose(layer(x), 2 * expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(KernelError, match="shape"):
         prime_reference(layer, dense.T)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_packing_is_the_dense_bit_stream_compressed_tensors_writes(bits: int) -> None:
+    """compressed-tensors' own packer (codes along dim 1, signed offset) is the oracle: 3-bit
+    codes straddle words exactly as it (and GPTQ's 3-bit layout) lays them."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from qcal_kernels.format import pack_transposed
+
+    torch.manual_seed(bits)
+    codes = torch.randint(0, 2**bits, (96, 10), dtype=torch.int32)  # [K, N]
+    theirs = pack_to_int32((codes.T - (1 << (bits - 1))).to(torch.int8), bits).T
+    assert torch.equal(pack_rows(codes, bits), theirs)
+    assert torch.equal(pack_transposed(codes.T.contiguous(), bits), theirs)
+
+
+def test_three_bit_quant_linear_computes_its_fake_quant() -> None:
+    torch.manual_seed(3)
+    w, b = torch.randn(64, 128), torch.randn(64)
+    res = rtn_quantize(w, QuantScheme(3, 32))
+    layer = QuantLinear.from_result(res, b, scale_dtype=torch.float32)
+    assert layer.qweight.shape == (12, 64) and layer.qzeros.shape == (4, 6)
+    x = torch.randn(5, 128)
+    assert layer.kernel_backend(x) == "reference"
+    torch.testing.assert_close(layer(x), x @ res.dequantize().T + b, rtol=1e-5, atol=1e-5)

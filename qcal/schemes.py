@@ -1,0 +1,133 @@
+"""Per-module schemes (--scheme-override) at the boundaries: what a checkpoint format can
+store, whether each pattern names a quantized linear of the model (from its meta skeleton,
+before any weight is read), and what the checkpoint writers add: GPTQModel's `dynamic`
+field (read back by `qcal.packing.formats.dynamic_scheme`) and the stored symmetry.
+
+The per-linear resolution itself is `qcal.config.scheme_for` (first matching override
+wins, as GPTQModel's `dynamic`); runners reach it through `ModuleSelection.scheme_of`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from qcal.config import (
+    FORMAT_BITS,
+    ModuleSelection,
+    QuantScheme,
+    SchemeOverride,
+    check_overrides,
+    scheme_for,
+)
+from qcal.errors import ConfigError
+
+
+def check_format(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> None:
+    """Refuse what checkpoint format `fmt` cannot store, before any model is loaded."""
+    if not overrides:
+        return
+    if fmt == "awq" and any(not o.skip for o in overrides):
+        raise ConfigError("--format awq (AutoAWQ's GEMM layout) holds one scheme for every "
+                          "linear; use --format compressed-tensors or gptq with "
+                          "--scheme-override")
+    check_overrides(base, overrides, fmt)
+    if fmt not in FORMAT_BITS:
+        raise ConfigError(f"--format {fmt!r} is unknown; use one of {', '.join(FORMAT_BITS)}")
+
+
+def linear_shapes(model_dir: Path | str,
+                  trust_remote_code: bool = False) -> dict[str, tuple[int, int]]:
+    """Full name -> (in_features, out_features) of every linear the resolved ArchSpec
+    quantizes, read from the model's meta skeleton (no weights)."""
+    from qcal.model.arch import decoder_layers, get_module
+    from qcal.model.resolve import arch_for
+    from qcal.model.shapes import skeleton
+
+    net = skeleton(model_dir, trust_remote_code)
+    arch = arch_for(net)
+    return {f"{arch.layers_path}.{i}.{name}": (int(get_module(layer, name).in_features),
+                                                int(get_module(layer, name).out_features))
+            for i, layer in enumerate(decoder_layers(net, arch)) for name in arch.linear_names}
+
+
+def check_against_model(shapes: dict[str, tuple[int, int]], selection: ModuleSelection,
+                        base: QuantScheme) -> None:
+    """Each override must match a linear that --targets/--ignore leave quantized, each
+    linear's own group size must divide its in_features, and its codes must fill whole
+    int32 words (3 bits: 32 codes in 3 words) along both dimensions (before any work)."""
+    plain = ModuleSelection(selection.targets, selection.ignore, selection.moe_all_experts)
+    chosen = [n for n in shapes if plain.selects(n)]
+    for override in selection.schemes:
+        if not any(re.match(override.pattern, n) for n in chosen):
+            example = chosen[0] if chosen else "model.layers.0.mlp.down_proj"
+            raise ConfigError(f"--scheme-override {override.spec()!r} matches no quantized "
+                              f"linear of this model (patterns match full names from the start, "
+                              f"e.g. {example!r}; try '.*' + your pattern)")
+    for name in chosen:
+        scheme = scheme_for(name, base, selection.schemes)
+        rule = next((o for o in selection.schemes if re.match(o.pattern, name)), None)
+        if scheme is None or rule is None:
+            continue  # the base scheme is checked against every linear by the pipeline
+        in_f, out_f = shapes[name]
+        per = 32 // math.gcd(32, scheme.bits)
+        if in_f % per or out_f % per:
+            raise ConfigError(f"--scheme-override {rule.spec()!r}: {name} is {out_f}x{in_f}, "
+                              f"but {scheme.bits}-bit codes fill int32 words only for sizes "
+                              f"divisible by {per}; pick 2, 4 or 8 bits for it")
+        if rule.group_size is None:
+            continue  # the base scheme's group size was checked with --group-size
+        try:
+            scheme.groups_for(in_f, name)
+        except ConfigError as err:
+            raise ConfigError(f"--scheme-override {rule.spec()!r}: group {rule.group_size} does "
+                              f"not divide in_features={in_f} of {name}; use one that "
+                              "does (e.g. 32, 64) or -1 (per channel)") from err
+
+
+def gptq_dynamic(overrides: tuple[SchemeOverride, ...]) -> dict[str, dict[str, Any]]:
+    """GPTQModel's `dynamic` quantization_config field for `overrides`: `+:REGEX` with the
+    fields that differ from the base scheme, `-:REGEX` for linears kept float. GPTQModel
+    applies the first matching `+:` rule, so the order is the overrides' order; a rule
+    whose fields equal the base scheme's is still written (it changes nothing)."""
+    out: dict[str, dict[str, Any]] = {}
+    for override in overrides:
+        if override.skip:
+            out[f"-:{override.pattern}"] = {}
+            continue
+        fields = {"bits": override.bits, "group_size": override.group_size, "sym": override.sym}
+        out[f"+:{override.pattern}"] = {k: v for k, v in fields.items() if v is not None}
+    return out
+
+
+def stored_sym(base: QuantScheme, overrides: tuple[SchemeOverride, ...]) -> bool:
+    """Whether every quantized linear is symmetric, so the checkpoint can drop zero points.
+    A symmetric linear in an asymmetric checkpoint stores its (midpoint) zero points: exact."""
+    return base.sym and all(o.sym is not False for o in overrides if not o.skip)
+
+
+def format_fields(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str,
+                  fields: dict[str, Any]) -> dict[str, Any]:
+    """A method's quantization_config fields plus what per-module schemes add: in the GPTQ
+    formats the base scheme and GPTQModel's `dynamic` rules (compressed-tensors says the
+    same with one config group per scheme, built from the layers themselves)."""
+    if not overrides or not fmt.startswith("gptq"):
+        return fields
+    return {**fields, "bits": base.bits, "group_size": base.group_size,
+            "dynamic": gptq_dynamic(overrides)}
+
+
+def format_note(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> str | None:
+    """What the user should know about loaders when per-module schemes meet a format: bare
+    transformers 5.24 decompresses an asymmetric compressed-tensors checkpoint with one
+    config group's scheme for every dense linear, so with several schemes it refuses the
+    file (a size mismatch); qcal and vLLM read each group's own scheme."""
+    reshapes = any(o.bits is not None or o.group_size is not None for o in overrides
+                   if not o.skip)
+    if fmt != "compressed-tensors" or not reshapes or stored_sym(base, overrides):
+        return None
+    return ("asymmetric per-module schemes: qcal.load and vLLM read each config group's "
+            "scheme; bare transformers 5.24 cannot load several asymmetric groups (add "
+            "--sym, or sym:true to every override, for a checkpoint transformers loads)")
