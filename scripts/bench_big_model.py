@@ -31,7 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = ROOT / "runs" / "bench_big_model"
 PY = sys.executable
 GPTQ_ARGS = ["--nsamples", "16", "--seqlen", "512"]
-STEPS = ("rtn", "gptq", "awq", "eval")
+# gptqmodel: GPTQModel on the same files and calibration ids, in float32 (what qcal computes
+# in) or, -bf16, in the stored dtype (GPTQModel's CPU default).
+STEPS = ("rtn", "gptq", "awq", "eval", "gptqmodel", "gptqmodel-bf16")
+PEER_VENV = ROOT / "runs" / "peer-venv"  # scripts/setup_peer_venv.sh
 
 
 def _env() -> dict[str, str]:
@@ -53,10 +56,31 @@ def ensure_model(shape: str) -> Path:
     return path
 
 
+def calib_ids(shape: str) -> Path:
+    """The token ids `qcal quantize` calibrates on with GPTQ_ARGS (its default source,
+    selector and seed), as safetensors for GPTQModel: both quantize from the same ids."""
+    from safetensors.torch import save_file
+
+    from qcal.calib import resolve_calib
+    from qcal.model.loading import load_tokenizer
+
+    path = STATE_DIR / f"{shape}-calib.safetensors"
+    calib = resolve_calib("debian-handbook", load_tokenizer(model_dir(shape)),
+                          nsamples=int(GPTQ_ARGS[1]), seqlen=int(GPTQ_ARGS[3]), seed=0)
+    save_file({"ids": calib.input_ids.contiguous()}, str(path))
+    return path
+
+
 def step_command(shape: str, step: str, eval_of: str = "gptq",
-                 eval_seqlen: int | None = None, resume: bool = False) -> tuple[list[str], Path]:
+                 eval_seqlen: int | None = None, resume: bool = False,
+                 peer_layers: int = 0) -> tuple[list[str], Path]:
     src = model_dir(shape)
     out = STATE_DIR / f"{shape}-{step}"
+    if step.startswith("gptqmodel"):  # stops after `peer_layers` layers (0: all)
+        dtype = "bfloat16" if step.endswith("bf16") else "float32"
+        return [str(PEER_VENV / "bin" / "python"), str(ROOT / "scripts" / "peer_worker.py"),
+                "gptqmodel", str(src), str(calib_ids(shape)), str(out), f"{out}.json",
+                "--group", "128", "--dtype", dtype, "--max-layers", str(peer_layers)], out
     qcal = [PY, "-m", "qcal"]
     if step == "eval":
         return qcal + ["eval", "--model", str(STATE_DIR / f"{shape}-{eval_of}"), "--ppl",
@@ -90,8 +114,13 @@ def dir_bytes(path: Path) -> int:
 
 def run_step(shape: str, step: str, timeout_s: float | None = None,
              eval_of: str = "gptq", eval_seqlen: int | None = None,
-             resume: bool = False) -> dict[str, Any]:
-    cmd, out = step_command(shape, step, eval_of, eval_seqlen, resume)
+             resume: bool = False, peer_layers: int = 0,
+             rss_limit_gib: float = 20.0) -> dict[str, Any]:
+    cmd, out = step_command(shape, step, eval_of, eval_seqlen, resume, peer_layers)
+    env = _env()
+    if step.startswith("gptqmodel"):  # its own venv: a checkout on PYTHONPATH would shadow its packages
+        env.pop("PYTHONPATH", None)
+        env["GPTQMODEL_CPU_WORKERS"] = "2"
     load_before = os.getloadavg()
     started = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -99,13 +128,14 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
     log = STATE_DIR / f"{shape}-{step}{'+resume' if resume else ''}.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(["/usr/bin/time", "-v", *cmd], stdout=sink,
-                                stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
-        timed_out = _wait(proc, started + timeout_s if timeout_s else None)
+                                stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        stopped = _wait(proc, started + timeout_s if timeout_s else None, rss_limit_gib)
     text = log.read_text()
+    shown = ["python", *cmd[1:]] if step.startswith("gptqmodel") else ["qcal", *cmd[3:]]
     row: dict[str, Any] = {
         "shape": shape, "step": step + ("+resume" if resume else ""),
-        "exit": "stopped (time limit)" if timed_out else proc.returncode,
-        "command": " ".join(["qcal", *cmd[3:]]).replace(str(ROOT) + "/", ""),
+        "exit": stopped or proc.returncode,
+        "command": " ".join(shown).replace(str(ROOT) + "/", ""),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
         "commit": commit,
         "load_before": round(load_before[0], 2), "load_after": round(os.getloadavg()[0], 2),
@@ -126,22 +156,42 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         layers = json.loads((model_dir(shape) / "config.json").read_text())["num_hidden_layers"]
         row["quantize_s"] = seconds
         row["s_per_layer"] = round(seconds / layers, 2)
+    peer_json = Path(f"{out}.json")
+    if step.startswith("gptqmodel") and peer_json.is_file():
+        times = json.loads(peer_json.read_text())["layer_seconds"]
+        row["layers_done"] = len(times)
+        if times:
+            row["first_layer_done_s"] = times[0]
+            row["s_per_layer_after_first"] = (round(sum(times[1:]) / (len(times) - 1), 1)
+                                              if len(times) > 1 else None)
     if step == "eval" and proc.returncode == 0:
         ppl = re.findall(r'"ppl":\s*([0-9.eE+-]+|NaN|Infinity)', text)
         row["ppl"] = ppl[0] if ppl else None
     return row
 
 
-def _wait(proc: subprocess.Popen, deadline: float | None) -> bool:
-    """Wait for `proc`; at `deadline` interrupt qcal (SIGINT: it keeps finished layers for
-    --resume) and return True."""
+def _wait(proc: subprocess.Popen, deadline: float | None, rss_limit_gib: float) -> str | None:
+    """Wait for `proc`; at `deadline`, or when its processes hold more than `rss_limit_gib`
+    resident (stopped before the machine runs out: it has no swap), interrupt it (SIGINT:
+    qcal keeps finished layers for --resume) and say why; None when it ended by itself."""
     import signal
 
     import psutil
 
     while proc.poll() is None:
-        if deadline is not None and time.time() > deadline:
+        try:
             children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        rss = sum(_rss(c) for c in children) / 2**30
+        why = ("stopped (time limit)" if deadline is not None and time.time() > deadline
+               else f"stopped (RSS over {rss_limit_gib:g} GiB)" if rss > rss_limit_gib else None)
+        if why and why.startswith("stopped (RSS"):
+            for child in children:  # no grace period: it is still growing
+                child.kill()
+            proc.wait()
+            return why
+        if why:
             for child in children:
                 child.send_signal(signal.SIGINT)
             try:
@@ -151,9 +201,16 @@ def _wait(proc: subprocess.Popen, deadline: float | None) -> bool:
                 for child in children:
                     child.kill()
                 proc.wait()
-            return True
-        time.sleep(2)
-    return False
+            return why
+        time.sleep(1)
+    return None
+
+
+def _rss(process: Any) -> int:
+    try:
+        return int(process.memory_info().rss)
+    except Exception:  # gone between the listing and the read
+        return 0
 
 
 def _layer_times(work: Path, started: float) -> dict[str, Any]:
@@ -206,7 +263,10 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines += ["", "Columns: `quantize s` is the quantize step's own time (quant_log.json); "
               "`layers done`, `first layer s` (from the start of the process: loading and "
               "calibration included) and `s/layer after first` come from the per-layer files "
-              "in `<output>.work`, so they exist for a step stopped at its time limit too."]
+              "in `<output>.work`, so they exist for a step stopped at its time limit too. "
+              "For GPTQModel (`gptqmodel` in float32, `gptqmodel-bf16` in the stored dtype; "
+              "its own venv, scripts/peer_worker.py, the same calibration ids) they come from "
+              "its layer callback, timed from the end of loading."]
     lines += ["", "Where the time goes (from the code, for reading the rows): before the first "
               "layer, `qcal quantize` reads every weight file once to refuse NaN/Inf weights and "
               "truncated files before any work (a full extra read of the float files: most of "
@@ -218,16 +278,17 @@ def render(rows: list[dict[str, Any]]) -> str:
               "peak of a model that fits is its float32 size, by design."]
     lines += [f"- Note on {r['shape']} {r['step']}: {r['note']}" for r in rows if r.get("note")]
     if stopped:
-        lines += ["", "Stopped at the time limit (`--timeout`) before all layers: "
-                  + "; ".join(stopped) + ". Its peak RSS is the peak up to the stop."]
+        lines += ["", "Stopped before all layers (the exit column says why: `--timeout`, or "
+                  "`--rss-limit` before the machine ran out of memory): " + "; ".join(stopped)
+                  + ". Their peak RSS is the peak up to the stop."]
     if missing:
-        lines += ["", "Not measured yet (issue 36's plan): " + ", ".join(missing)
-                  + "; nor GPTQModel on the same files."]
+        lines += ["", "Not measured yet (issue 36's plan): " + ", ".join(missing) + "."]
     return "\n".join(lines) + "\n"
 
 
-PLANNED = (("1b", "rtn"), ("1b", "gptq"), ("1b", "awq"), ("1b", "eval"),
-           ("8b", "rtn"), ("8b", "gptq"), ("8b", "eval"))
+PLANNED = (("1b", "rtn"), ("1b", "gptq"), ("1b", "awq"), ("1b", "eval"), ("1b", "gptqmodel"),
+           ("8b", "rtn"), ("8b", "gptq"), ("8b", "eval"), ("8b", "gptqmodel"),
+           ("8b", "gptqmodel-bf16"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens of the eval step's one window (default: qcal eval's)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="stop a step after this many seconds and record the layers it finished")
+    ap.add_argument("--peer-layers", type=int, default=0,
+                    help="gptqmodel steps: stop after this many layers (0: all)")
+    ap.add_argument("--rss-limit", type=float, default=20.0,
+                    help="stop a step whose processes hold more GiB than this (no swap here)")
     args = ap.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
     if any(s not in STEPS for s in steps):
@@ -261,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"running {key} ...", flush=True)
         row = run_step(args.shape, step, args.timeout, args.eval_of, args.eval_seqlen,
-                       args.resume)
+                       args.resume, args.peer_layers, args.rss_limit)
         print(json.dumps(row), flush=True)
         # One file per step: runs of different shapes may go on side by side.
         (STATE_DIR / f"state-{args.shape}-{row['step']}.json").write_text(json.dumps(row, indent=2))
