@@ -94,10 +94,12 @@ def render(infos: list[dict], rows: list[dict], meta: dict) -> str:
         lines += ["", "Bare transformers (5.24) does not load every compressed-tensors export: "
                   + "; ".join(f"{family}: {why}" for family, why in failed.items())
                   + ". GPT-2's `Conv1D` is not replaced by transformers' compressed-tensors "
-                  "loader, and MoE experts stored per expert are not fused back into its "
-                  "3-D expert parameters (Mixtral then loads with wrong weights, which is why "
-                  "the check compares logits). qcal loads all of them; use qcal (or vLLM, not "
-                  "tested here) for these families."]
+                  "loader. MoE experts are stored per expert under the model's original names "
+                  "(Mixtral's `block_sparse_moe.experts.<i>.w1`), which transformers fuses "
+                  "back into its 3-D expert parameters, but it decompresses them without their "
+                  "zero points, so these asymmetric (w4 g32 asym) exports fail; symmetric MoE "
+                  "exports load with qcal's logits (tests/integration/test_architectures.py). "
+                  "qcal loads all of them."]
     lines += ["", "## What qcal resolved per family", "",
               "| family | model type | linears/layer | steps | re-expressed | kept float | "
               "AWQ scale groups | skipped candidates |", "|---|---|---|---|---|---|---|---|"]
