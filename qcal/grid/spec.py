@@ -127,13 +127,15 @@ class GridSpec:
                           limit=self.limit, task_limits=tuple(sorted(self.task_limits.items())))
 
     def method_config(self, method: str, cell: Cell | None = None) -> Any:
-        """`method`'s config for `cell`: its scheme, act-order for GPTQ, method_options."""
+        """`method`'s config for `cell`: its scheme, the grid's act-order where the method has
+        one (GPTQ), method_options."""
+        from qcal.methods import METHODS
         from qcal.recipe import method_config
 
         cell = cell or Cell(None, method)
         options = dict(self.method_options.get(method, {}))
-        if method == "gptq":
-            options.setdefault("desc_act", self.setting(cell, "desc_act"))
+        if "desc_act" in {f.name for f in dataclasses.fields(METHODS.get(method).config_cls)}:
+            options.setdefault("desc_act", self.setting(cell, "desc_act"))  # the grid's axis
         return method_config(method, self.cell_scheme(cell), **options)
 
     def calib_config(self, selector: str, cell: Cell | None = None) -> CalibConfig:

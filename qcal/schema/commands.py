@@ -10,13 +10,13 @@ for an argparse option without a field here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, create_model, model_validator
 
+from qcal.methods import all_methods
 from qcal.schema.fields import (
     Count,
-    Damp,
     Device,
     ExistingDir,
     ExistingFile,
@@ -89,7 +89,10 @@ GroupSize = Annotated[str | int, AfterValidator(check_group_size)]
 
 # In each model `device` comes first: fields are checked in order, and a device this machine
 # lacks is the first thing to say.
-class QuantizeOptions(Options):
+class QuantizeBase(Options):
+    """The options of `qcal quantize` that are no method's own; each method's flags join
+    them in `QuantizeOptions` (from the method registry)."""
+
     device: Device = "auto"
     model: str | None = None
     method: Method = "rtn"
@@ -98,13 +101,6 @@ class QuantizeOptions(Options):
     sym: Flag = False
     allow_ragged_groups: Flag = False
     strict_groups: Flag = False
-    desc_act: Flag = False
-    static_groups: Flag = False
-    damp: Damp = 0.01
-    mse_clip: Flag = False
-    no_clip: Flag = False
-    search_tokens: NonNegative | None = None
-    full_ratio_grid: Flag = False
     awq_artifact: ExistingFile | None = None
     calib: Source = "debian-handbook"
     selector: Selector | None = None
@@ -131,14 +127,13 @@ class QuantizeOptions(Options):
     max_memory: Size | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
-    def _rules(self) -> QuantizeOptions:
+    def _rules(self) -> QuantizeBase:
         allowed = FORMAT_BITS[self.format]
         if self.bits not in allowed:
             raise ValueError(f"--bits {self.bits} cannot be packed in --format {self.format}; "
                              f"choose --bits {' or '.join(map(str, allowed))}")
-        if self.desc_act and self.format == "awq":
-            raise ValueError("--desc-act (act-order) cannot be stored in --format awq (the AWQ "
-                             "layout has no g_idx); drop --desc-act or use --format gptq")
+        for method in all_methods():  # each method's rules on its own flags
+            method.option_rules(self)
         if self.allow_ragged_groups and self.format in ("compressed-tensors", "awq"):
             raise ValueError(f"--allow-ragged-groups cannot be stored in --format {self.format}, "
                              "which needs whole groups; drop it or use --format gptq")
@@ -151,6 +146,16 @@ class QuantizeOptions(Options):
                 raise ValueError("--eval-langs is empty; give languages such as en,de")
             known_langs(langs, "debian-handbook", "--eval-langs")
         return self
+
+
+def method_flag_fields() -> dict[str, Any]:
+    """Every method's CLI flags as schema fields (dest -> (type, default)), from the registry."""
+    return {flag.dest: (flag.schema, flag.default) for method in all_methods()
+            for flag in method.flags}
+
+
+QuantizeOptions = create_model("QuantizeOptions", __base__=QuantizeBase,
+                               __module__=__name__, **method_flag_fields())
 
 
 class EvalOptions(Options):
