@@ -22,6 +22,7 @@ from typing import Any
 from qcal.cli import command_prefix
 from qcal.grid import load_cells
 from qcal.grid.report import float_key, ppl_table
+from qcal.methods import METHODS
 from qcal.paths import default_model_dir, results_dir
 from qcal.results import (
     markdown_table,
@@ -60,7 +61,8 @@ def grid_provenance(root: Path, cells: dict[str, Any], name: str) -> dict[str, A
         model=spec.get("model") or f"default ({default_model_dir().name})",
         calibration=(f"{spec['source']} calib split, selector(s) {', '.join(spec['selectors'])}, "
                      f"{spec['nsamples']} x {spec['seqlen']} tokens, seed {spec['seed']}"
-                     if set(spec["methods"]) - {"rtn"} else "none (RTN uses no calibration data)"),
+                     if any(METHODS.get(m).needs_calibration for m in spec["methods"])
+                     else "none (no method here uses calibration data)"),
         evaluation=f"{spec['source']} held-out chapters, fixed {spec['eval_seqlen']}-token "
                    f"windows, cap {spec['max_windows'] or 'none (all windows)'}",
         cells_computed=f"{dates[0]} .. {dates[-1]}" if dates else "-",
