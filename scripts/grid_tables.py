@@ -79,7 +79,27 @@ def render_baseline(cells: dict[str, Any]) -> tuple[list[list[Any]], str]:
           "Russian, Japanese, Chinese and Arabic show low per-token perplexity because the "
           "tokenizer splits them into many short, predictable byte-level tokens: compare "
           "methods within a language, not across languages."]
+    md += mse_clip_summary(cells, table, langs)
     return rows, "\n\n".join(md)
+
+
+def mse_clip_summary(cells: dict[str, Any], table: dict[str, Any], langs: list[str]) -> list[str]:
+    """RTN-MSE against RTN of the same symmetry: in how many languages it is lower, and the
+    mean relative change of perplexity."""
+    lines = []
+    for key, rec in cells.items():
+        if rec.get("method") != "rtn-mse":
+            continue
+        sym = (rec.get("axes") or {}).get("sym")
+        rtn = next((k for k, r in cells.items() if r.get("method") == "rtn"
+                    and (r.get("axes") or {}).get("sym") == sym), None)
+        if rtn is None:
+            continue
+        change = [table[key][lang] / table[rtn][lang] - 1 for lang in langs]
+        lower = sum(c < 0 for c in change)
+        lines.append(f"{label(rec)} against {label(cells[rtn])}: lower perplexity in {lower} of "
+                     f"{len(langs)} languages, mean change {100 * sum(change) / len(change):+.1f}%.")
+    return [" ".join(lines)] if lines else []
 
 
 def _tokens(rec: dict[str, Any], lang: str) -> int:
@@ -160,7 +180,7 @@ def main() -> None:
     root = results_dir() / GRIDS[args.which]
     cells = load_cells(root)
     prov = grid_provenance(root, cells, args.which)
-    titles = {"baseline": "Baseline: float vs RTN w4g128 on the default model",
+    titles = {"baseline": "Baseline: float vs RTN and RTN-MSE w4g128 on the default model",
               "gptq": "GPTQ vs RTN (w4, group 128) on the default model",
               "awq": "AWQ vs GPTQ vs RTN (w4g128, asym) on the default model"}
     rows, body = (render_baseline(cells) if args.which == "baseline" else render_methods(cells))

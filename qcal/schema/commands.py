@@ -3,8 +3,9 @@ with its type, range and the rules that tie options together.
 
 To add an option: `p.add_argument("--foo", ...)` in the command's `add_parser`, and a
 field `foo: <type> = <default>` in its model below (the type carries the range; a rule
-between options goes into the model's `_rules`). tests/unit/test_schema_coverage.py fails
-for an argparse option without a field here.
+between options goes into the model's `_rules`). A method's own flags are not listed here:
+they are declared in the method's file and join `QuantizeOptions` from the registry.
+tests/unit/test_schema_coverage.py fails for an argparse option without a field here.
 """
 
 from __future__ import annotations
