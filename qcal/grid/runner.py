@@ -146,12 +146,15 @@ class GridRunner:
         atomic_write_text(spec_file, json.dumps({"spec": current, **kept}, indent=2))
 
     def _added_methods(self, saved: GridSpec) -> list[str]:
-        """The methods this spec adds to the saved one, when that is its only change: a cell's
-        key and recipe do not depend on the other methods, so finished cells stay valid."""
+        """The methods this spec adds to the saved one, when that (with method or selector
+        options) is its only change: a cell's key and recipe do not depend on the other
+        methods, so finished cells stay valid (and recipe keys rerun any an option changed)."""
         added = [m for m in self.spec.methods if m not in saved.methods]
         if not added or not set(saved.methods) < set(self.spec.methods):
             return []
-        same_otherwise = dataclasses.replace(saved, methods=self.spec.methods) == self.spec
+        same_otherwise = dataclasses.replace(saved, methods=self.spec.methods,
+                                             **RECIPE_ONLY_FIELDS) == dataclasses.replace(
+                                                 self.spec, **RECIPE_ONLY_FIELDS)
         return added if same_otherwise else []
 
     def _dropped_tasks(self, saved: GridSpec) -> list[str]:

@@ -149,7 +149,8 @@ def test_a_method_added_to_a_finished_grid_runs_only_its_cells(tiny_model_dir: P
     GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn",)), results, work,
                progress=False).run()
     assert ran == ["float", "none__rtn"]
-    GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn", "rtn-mse")), results, work,
+    GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn", "rtn-mse"),
+                        method_options={"rtn-mse": {"mse_grid": 20}}), results, work,
                progress=False).run()
     assert ran[2:] == ["none__rtn-mse"] and "methods rtn-mse added" in capsys.readouterr().err
     assert json.loads((results / "grid.json").read_text())["spec"]["methods"] == ["rtn", "rtn-mse"]
