@@ -18,13 +18,11 @@ from typing import Any
 
 from qcal.cache import StepCache, fingerprint
 from qcal.config import (
-    AWQConfig,
     CalibConfig,
     EvalConfig,
     GPTQConfig,
     ModuleSelection,
     QuantScheme,
-    RTNConfig,
 )
 from qcal.config import from_dict as config_from_dict
 from qcal.config import to_dict as config_to_dict
@@ -32,8 +30,9 @@ from qcal.errors import ConfigError
 from qcal.fsio import exclusive_lock
 from qcal.model.distributed import from_env
 
-MethodConfig = RTNConfig | GPTQConfig | AWQConfig
-METHOD_CONFIGS: dict[str, type] = {c.__name__: c for c in (RTNConfig, GPTQConfig, AWQConfig)}
+# A method's config: a frozen dataclass with a `scheme`, registered in the method's own file
+# (qcal.methods); which method runs follows from the config's type.
+MethodConfig = Any
 
 
 def method_config(method: str, scheme: QuantScheme, **options: Any) -> MethodConfig:
@@ -146,12 +145,15 @@ class QuantRecipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantRecipe:
+        from qcal.methods import method_config_types
+
+        configs = method_config_types()
         raw = dict(data["method"])
         kind = raw.pop("type", None)
-        if kind not in METHOD_CONFIGS:
+        if kind not in configs:
             raise ConfigError(f"recipe method type {kind!r} is unknown; known: "
-                              f"{sorted(METHOD_CONFIGS)}")
-        return cls(method=config_from_dict(METHOD_CONFIGS[kind], raw),
+                              f"{sorted(configs)}")
+        return cls(method=config_from_dict(configs[kind], raw),
                    calib=config_from_dict(CalibConfig, data["calib"]) if data.get("calib") else None,
                    model=data.get("model"), output=data.get("output"),
                    device=data.get("device", "auto"),

@@ -1,4 +1,5 @@
-"""`qcal quantize`: RTN / GPTQ / AWQ into a GPTQ-layout checkpoint."""
+"""`qcal quantize`: a registered method (RTN, RTN-MSE, GPTQ, AWQ) into a checkpoint; each
+method's own flags come from its entry in the method registry."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from qcal.config import AWQConfig, ModuleSelection, QuantScheme, parse_scheme_ov
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("quantize", help="quantize a HF model into a GPTQ-layout checkpoint")
     p.add_argument("--model", default=None, help="local HF model dir (default: embedded model)")
-    from qcal.methods import METHODS
+    from qcal.methods import METHODS, all_methods
 
     p.add_argument("--method", default="rtn", choices=METHODS.names(),
                    help="quantization method")
@@ -32,17 +33,13 @@ def add_parser(sub: Any) -> None:
                         "GPTQ layout only, not for Marlin, the CPU int4 op, compressed-tensors, AWQ)")
     p.add_argument("--strict-groups", action="store_true",
                    help=argparse.SUPPRESS)  # the default now; kept so old commands still run
-    p.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
-    p.add_argument("--static-groups", action="store_true", help="GPTQ: precompute group grids")
-    p.add_argument("--damp", type=float, default=0.01, help="GPTQ damp_percent")
-    p.add_argument("--mse-clip", action="store_true", help="GPTQ: MSE clip search on the grid")
-    p.add_argument("--no-clip", action="store_true", help="AWQ: skip the clip search")
-    p.add_argument("--search-tokens", type=int, default=None,
-                   help="AWQ: calibration tokens the scale search scores each candidate on "
-                        "(default 4096; 0: all, as the reference does)")
-    p.add_argument("--full-ratio-grid", action="store_true",
-                   help="AWQ: score all 20 ratios (default: every other one, then the best's "
-                        "neighbours)")
+    for method in all_methods():  # each method's own flags, declared in its file
+        for flag in method.flags:
+            if flag.value_type is None:
+                p.add_argument(flag.option, action="store_true", help=flag.help)
+            else:
+                p.add_argument(flag.option, type=flag.value_type, default=flag.default,
+                               help=flag.help)
     p.add_argument("--awq-artifact", type=Path, default=None,
                    help="AWQ: replay a saved search (<checkpoint>/artifacts/awq_search.safetensors) "
                         "instead of searching; needs no calibration data")
@@ -108,31 +105,25 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-# Method-specific flags: (method, config field, default). A flag given for another
-# method is an error rather than silently ignored.
-METHOD_FLAGS = {
-    "desc_act": ("gptq", "desc_act", False), "static_groups": ("gptq", "static_groups", False),
-    "damp": ("gptq", "damp_percent", 0.01), "mse_clip": ("gptq", "mse_clip", False),
-    "no_clip": ("awq", "clip_search", False), "search_tokens": ("awq", "search_tokens", None),
-    "full_ratio_grid": ("awq", "coarse_to_fine", False),
-}
-
-
 def make_config(args: argparse.Namespace) -> Any:
     from qcal.errors import ConfigError
+    from qcal.methods import all_methods
     from qcal.recipe import method_config
 
     scheme = QuantScheme(bits=args.bits, group_size=_group_size(args), sym=args.sym,
                          allow_ragged=args.allow_ragged_groups)
+    # A method's flag left at its default leaves the config's default; one given for another
+    # method is an error rather than silently ignored.
     options: dict[str, Any] = {}
-    for flag, (method, field, default) in METHOD_FLAGS.items():
-        value = getattr(args, flag)
-        if value == default:
-            continue
-        if method != args.method:
-            raise ConfigError(f"--{flag.replace('_', '-')} is a {method} option; drop it or use "
-                              f"--method {method}")
-        options[field] = (not value) if flag in ("no_clip", "full_ratio_grid") else value
+    for method in all_methods():
+        for flag in method.flags:
+            value = getattr(args, flag.dest)
+            if value == flag.default:
+                continue
+            if method.name != args.method:
+                raise ConfigError(f"{flag.option} is a {method.name} option; drop it or use "
+                                  f"--method {method.name}")
+            options[flag.field] = flag.config_value(value)
     return method_config(args.method, scheme, **options)
 
 
@@ -164,13 +155,14 @@ def make_recipe(args: argparse.Namespace) -> Any:
     """The command line as a QuantRecipe (the one currency from CLI to checkpoint)."""
     from qcal.config import CalibConfig, EvalConfig
     from qcal.errors import ConfigError
-    from qcal.methods import METHODS
+    from qcal.methods import METHODS, all_methods
     from qcal.recipe import QuantRecipe
 
     method = METHODS.get(args.method)
     if not method.needs_calibration and args.selector is not None:
+        calibrated = "/".join(m.name for m in all_methods() if m.needs_calibration)
         raise ConfigError(f"--selector chooses calibration data, which --method {args.method} "
-                          "does not use; drop --selector or use --method gptq/awq")
+                          f"does not use; drop --selector or use --method {calibrated}")
     calib = (CalibConfig(selector=args.selector or "random", source=args.calib,
                          nsamples=args.nsamples, seqlen=args.seqlen, seed=args.seed,
                          text_field=args.text_field, chat=args.chat)

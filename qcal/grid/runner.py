@@ -129,6 +129,9 @@ class GridRunner:
                 print(f"{self.spec.name}: tasks {', '.join(dropped)} dropped from the grid; "
                       f"its {finished} finished cells keep their scores on them, reports show "
                       "only the grid's tasks", file=sys.stderr)
+            elif self._added_methods(saved):
+                print(f"{self.spec.name}: methods {', '.join(self._added_methods(saved))} added; "
+                      "the finished cells stay as they are", file=sys.stderr)
             # Options only change cells' recipes, and recipe keys tell which cells are stale
             # (they rerun); any other change would mix two grids in one directory.
             elif dataclasses.replace(saved, **RECIPE_ONLY_FIELDS) != dataclasses.replace(
@@ -141,6 +144,18 @@ class GridRunner:
                 print(f"{self.spec.name}: method/selector options changed; cells made with the "
                       "old ones are recomputed", file=sys.stderr)
         atomic_write_text(spec_file, json.dumps({"spec": current, **kept}, indent=2))
+
+    def _added_methods(self, saved: GridSpec) -> list[str]:
+        """The methods this spec adds to the saved one, when that (with method or selector
+        options) is its only change: a cell's key and recipe do not depend on the other
+        methods, so finished cells stay valid (and recipe keys rerun any an option changed)."""
+        added = [m for m in self.spec.methods if m not in saved.methods]
+        if not added or not set(saved.methods) < set(self.spec.methods):
+            return []
+        same_otherwise = dataclasses.replace(saved, methods=self.spec.methods,
+                                             **RECIPE_ONLY_FIELDS) == dataclasses.replace(
+                                                 self.spec, **RECIPE_ONLY_FIELDS)
+        return added if same_otherwise else []
 
     def _dropped_tasks(self, saved: GridSpec) -> list[str]:
         """The evaluation tasks this spec drops from the saved one, when that is its only

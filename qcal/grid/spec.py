@@ -129,13 +129,16 @@ class GridSpec:
                           limit=self.limit, task_limits=tuple(sorted(self.task_limits.items())))
 
     def method_config(self, method: str, cell: Cell | None = None) -> Any:
-        """`method`'s config for `cell`: its scheme, act-order for GPTQ, method_options."""
+        """`method`'s config for `cell`: its scheme, the grid's act-order where the method has
+        one (GPTQ), method_options."""
+        from qcal.methods import METHODS
         from qcal.recipe import method_config
 
         cell = cell or Cell(None, method)
+        METHODS.get(method)  # an unknown name's error lists the known ones
         options = dict(self.method_options.get(method, {}))
-        if method == "gptq":
-            options.setdefault("desc_act", self.setting(cell, "desc_act"))
+        if axis_applies("desc_act", method):
+            options.setdefault("desc_act", self.setting(cell, "desc_act"))  # the grid's axis
         return method_config(method, self.cell_scheme(cell), **options)
 
     def calib_config(self, selector: str, cell: Cell | None = None) -> CalibConfig:
@@ -220,7 +223,18 @@ def safe_name(text: str) -> str:
 AXES = ("model", "seed", "nsamples", "bits", "group_size", "sym", "desc_act")
 FLOAT_AXES = ("model",)
 NO_CALIB_AXES = ("model", "bits", "group_size", "sym")
-METHOD_ONLY_AXES = {"desc_act": "gptq"}
+# Axes that are a method config's own field (act-order): they apply to the methods whose
+# config has that field (GPTQ), found in the registry.
+METHOD_FIELD_AXES = ("desc_act",)
+
+
+def axis_applies(axis: str, method: str | None) -> bool:
+    if axis not in METHOD_FIELD_AXES:
+        return True
+    from qcal.methods import METHODS
+
+    return method is not None and axis in {
+        f.name for f in dataclasses.fields(METHODS.get(method).config_cls)}
 
 
 def axis_label(axis: str, value: Any) -> str:
@@ -253,7 +267,7 @@ def plan_cells(spec: GridSpec) -> list[Cell]:
     varying = spec.varying()
 
     def combos(applicable: tuple[str, ...], method: str | None) -> list[tuple[tuple[str, Any], ...]]:
-        axes = [a for a in varying if a in applicable and METHOD_ONLY_AXES.get(a, method) == method]
+        axes = [a for a in varying if a in applicable and axis_applies(a, method)]
         return [tuple(zip(axes, vals, strict=True))
                 for vals in itertools.product(*(spec.values(a) for a in axes))]
 

@@ -28,9 +28,10 @@ import inspect
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from qcal.config import AWQConfig, ModuleSelection, QuantScheme, from_dict, to_dict
@@ -46,7 +47,14 @@ from qcal.methods.awq_artifact import (
     write_entry,
 )
 from qcal.methods.awq_inputs import InputDigest, InputPlan, search_batches
-from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec, selection_tag
+from qcal.methods.registry import (
+    MethodFlag,
+    QuantMethod,
+    RunOptions,
+    apply_result,
+    layer_spec,
+    selection_tag,
+)
 from qcal.model.adapters import calibrate_experts, finish_experts
 from qcal.model.arch import ArchSpec, ScaleGroup, decoder_layers, get_module
 from qcal.model.capture import LayerInputs, feed_linear_inputs
@@ -411,4 +419,14 @@ def run_awq(model: nn.Module, cfg: AWQConfig, calib: torch.Tensor | None,
     return losses
 
 
-METHOD = QuantMethod("awq", AWQConfig, True, run_awq)
+FLAGS = (
+    MethodFlag("no_clip", "clip_search", "AWQ: skip the clip search", invert=True),
+    MethodFlag("search_tokens", "search_tokens",
+               "AWQ: calibration tokens the scale search scores each candidate on "
+               "(default 4096; 0: all, as the reference does)", value_type=int, default=None,
+               schema=Annotated[int, Field(ge=0, description="an integer >= 0")] | None),
+    MethodFlag("full_ratio_grid", "coarse_to_fine", "AWQ: score all 20 ratios (default: every "
+               "other one, then the best's neighbours)", invert=True),
+)
+
+METHOD = QuantMethod("awq", AWQConfig, True, run_awq, flags=FLAGS)

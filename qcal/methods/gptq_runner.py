@@ -12,15 +12,23 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 from qcal_kernels.dispatch import prime_reference
 from torch import nn
 
 from qcal.config import GPTQConfig, QuantScheme
 from qcal.errors import ConfigError
-from qcal.methods.registry import QuantMethod, RunOptions, apply_result, layer_spec, selection_tag
+from qcal.methods.registry import (
+    MethodFlag,
+    QuantMethod,
+    RunOptions,
+    apply_result,
+    layer_spec,
+    selection_tag,
+)
 from qcal.model.adapters import calibrate_experts, finish_experts
 from qcal.model.arch import ArchSpec
 from qcal.model.capture import LayerInputs, feed_linear_inputs
@@ -281,4 +289,19 @@ def checkpoint_fields(cfg: GPTQConfig) -> dict[str, Any]:
             "static_groups": cfg.static_groups, "true_sequential": cfg.true_sequential}
 
 
-METHOD = QuantMethod("gptq", GPTQConfig, True, run_gptq, checkpoint_fields)
+def option_rules(options: Any) -> None:
+    if options.desc_act and options.format == "awq":
+        raise ValueError("--desc-act (act-order) cannot be stored in --format awq (the AWQ "
+                         "layout has no g_idx); drop --desc-act or use --format gptq")
+
+
+FLAGS = (
+    MethodFlag("desc_act", "desc_act", "GPTQ act-order"),
+    MethodFlag("static_groups", "static_groups", "GPTQ: precompute group grids"),
+    MethodFlag("damp", "damp_percent", "GPTQ damp_percent", value_type=float, default=0.01,
+               schema=Annotated[float, Field(gt=0, lt=1, description="a fraction in (0, 1)",
+                                             examples=[0.01])]),
+    MethodFlag("mse_clip", "mse_clip", "GPTQ: MSE clip search on the grid"),
+)
+
+METHOD = QuantMethod("gptq", GPTQConfig, True, run_gptq, checkpoint_fields, FLAGS, option_rules)

@@ -2,9 +2,10 @@
 
 A method's `run(model, config, calib_ids, options)` quantizes every linear named by
 the model's ArchSpec, replaces it in place (packed `QuantLinear`, or a fake-quant
-`nn.Linear` for widths that cannot pack), and returns per-linear losses. Methods are
-registered explicitly in `qcal.methods` (the package's `__init__`), by config type
-and by name.
+`nn.Linear` for widths that cannot pack), and returns per-linear losses. A method is one
+file that defines its `METHOD = QuantMethod(...)` entry (config type, runner, CLI flags,
+checkpoint fields); `qcal.methods` (the package's `__init__`) lists the method modules
+and registers their entries, by config type and by name.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import StrictBool
 from qcal_kernels.format import PACKABLE_BITS
 from torch import nn
 
@@ -58,8 +60,42 @@ def no_format_fields(config: Any) -> dict[str, Any]:
     return {}
 
 
+def no_option_rules(options: Any) -> None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodFlag:
+    """One `qcal quantize` option of a method: `--<dest>` sets the config field `field`.
+
+    `schema` is the pydantic type that checks the value (its range included) before any
+    model loads; `value_type` None makes a switch (store_true), else argparse reads one
+    value. A flag left at `default` leaves the config's own default, and a flag given with
+    another --method is refused. `invert`: a switch that turns `field` off (--no-clip).
+    """
+
+    dest: str
+    field: str
+    help: str
+    schema: Any = StrictBool
+    default: Any = False
+    value_type: type | None = None
+    invert: bool = False
+
+    @property
+    def option(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    def config_value(self, value: Any) -> Any:
+        return (not value) if self.invert else value
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantMethod:
+    """Everything qcal knows of a method, declared in the method's own file: its config
+    type, its runner, its CLI flags (with their schema rules) and its checkpoint fields.
+    The CLI, the schema, recipes and grids build their tables from these entries."""
+
     name: str
     config_cls: type
     needs_calibration: bool
@@ -67,6 +103,10 @@ class QuantMethod:
     # The method's own quantization_config fields in the GPTQ checkpoint (e.g. desc_act):
     # the pipeline writes them without knowing any method's settings.
     checkpoint_fields: Callable[[Any], dict[str, Any]] = no_format_fields
+    flags: tuple[MethodFlag, ...] = ()
+    # Rules between this method's flags and the other `qcal quantize` options, checked by
+    # the schema on the typed options (raise ValueError with the one-line message).
+    option_rules: Callable[[Any], None] = no_option_rules
 
 
 def new_method_registry() -> Registry[QuantMethod]:

@@ -9,7 +9,9 @@ what is allowed and the fix (the CLI prints it and exits 2).
 Adding an option is one step in two places side by side: `p.add_argument(...)` (with help;
 argparse's `type=` is dropped, the schema converts) and one field with the same `dest`
 name and default in the command's model in `commands.py`; a new grid key is a `GridSpec`
-field plus one `GridKeys` field in `grid.py`. tests/unit/test_schema_coverage.py fails on
+field plus one `GridKeys` field in `grid.py`. A method's own `qcal quantize` flags are
+declared once, in the method's file (`MethodFlag`: option, help, default and pydantic type),
+and join `QuantizeOptions` from the method registry. tests/unit/test_schema_coverage.py fails on
 an option or grid field without its rule, or with a different default.
 """
 

@@ -3,22 +3,23 @@ with its type, range and the rules that tie options together.
 
 To add an option: `p.add_argument("--foo", ...)` in the command's `add_parser`, and a
 field `foo: <type> = <default>` in its model below (the type carries the range; a rule
-between options goes into the model's `_rules`). tests/unit/test_schema_coverage.py fails
-for an argparse option without a field here.
+between options goes into the model's `_rules`). A method's own flags are not listed here:
+they are declared in the method's file and join `QuantizeOptions` from the registry.
+tests/unit/test_schema_coverage.py fails for an argparse option without a field here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, create_model, model_validator
 
 # Bit widths each checkpoint format can pack (one table for the CLI and the library).
 from qcal.config import FORMAT_BITS
+from qcal.methods import all_methods
 from qcal.schema.fields import (
     Count,
-    Damp,
     Device,
     ExistingDir,
     ExistingFile,
@@ -89,7 +90,10 @@ GroupSize = Annotated[str | int, AfterValidator(check_group_size)]
 
 # In each model `device` comes first: fields are checked in order, and a device this machine
 # lacks is the first thing to say.
-class QuantizeOptions(Options):
+class QuantizeBase(Options):
+    """The options of `qcal quantize` that are no method's own; each method's flags join
+    them in `QuantizeOptions` (from the method registry)."""
+
     device: Device = "auto"
     model: str | None = None
     method: Method = "rtn"
@@ -98,13 +102,6 @@ class QuantizeOptions(Options):
     sym: Flag = False
     allow_ragged_groups: Flag = False
     strict_groups: Flag = False
-    desc_act: Flag = False
-    static_groups: Flag = False
-    damp: Damp = 0.01
-    mse_clip: Flag = False
-    no_clip: Flag = False
-    search_tokens: NonNegative | None = None
-    full_ratio_grid: Flag = False
     awq_artifact: ExistingFile | None = None
     calib: Source = "debian-handbook"
     selector: Selector | None = None
@@ -132,14 +129,13 @@ class QuantizeOptions(Options):
     max_memory: Size | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
-    def _rules(self) -> QuantizeOptions:
+    def _rules(self) -> QuantizeBase:
         allowed = FORMAT_BITS[self.format]
         if self.bits not in allowed:
             raise ValueError(f"--bits {self.bits} cannot be packed in --format {self.format}; "
                              f"choose --bits {' or '.join(map(str, allowed))}")
-        if self.desc_act and self.format == "awq":
-            raise ValueError("--desc-act (act-order) cannot be stored in --format awq (the AWQ "
-                             "layout has no g_idx); drop --desc-act or use --format gptq")
+        for method in all_methods():  # each method's rules on its own flags
+            method.option_rules(self)
         if self.allow_ragged_groups and self.format in ("compressed-tensors", "awq"):
             raise ValueError(f"--allow-ragged-groups cannot be stored in --format {self.format}, "
                              "which needs whole groups; drop it or use --format gptq")
@@ -165,6 +161,16 @@ class QuantizeOptions(Options):
                 raise ValueError("--eval-langs is empty; give languages such as en,de")
             known_langs(langs, "debian-handbook", "--eval-langs")
         return self
+
+
+def method_flag_fields() -> dict[str, Any]:
+    """Every method's CLI flags as schema fields (dest -> (type, default)), from the registry."""
+    return {flag.dest: (flag.schema, flag.default) for method in all_methods()
+            for flag in method.flags}
+
+
+QuantizeOptions = create_model("QuantizeOptions", __base__=QuantizeBase,
+                               __module__=__name__, **method_flag_fields())
 
 
 class EvalOptions(Options):

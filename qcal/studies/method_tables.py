@@ -19,6 +19,7 @@ from typing import Any
 
 from qcal.grid import load_cells
 from qcal.grid.report import float_key, ppl_table
+from qcal.methods import METHODS
 from qcal.paths import default_model_dir, results_dir
 from qcal.results import (
     markdown_table,
@@ -56,7 +57,8 @@ def grid_provenance(root: Path, cells: dict[str, Any], name: str) -> dict[str, A
         model=spec.get("model") or f"default ({default_model_dir().name})",
         calibration=(f"{spec['source']} calib split, selector(s) {', '.join(spec['selectors'])}, "
                      f"{spec['nsamples']} x {spec['seqlen']} tokens, seed {spec['seed']}"
-                     if set(spec["methods"]) - {"rtn"} else "none (RTN uses no calibration data)"),
+                     if any(METHODS.get(m).needs_calibration for m in spec["methods"])
+                     else "none (no method here uses calibration data)"),
         evaluation=f"{spec['source']} held-out chapters, fixed {spec['eval_seqlen']}-token "
                    f"windows, cap {spec['max_windows'] or 'none (all windows)'}",
         cells_computed=f"{dates[0]} .. {dates[-1]}" if dates else "-",
@@ -73,7 +75,27 @@ def render_baseline(cells: dict[str, Any]) -> tuple[list[list[Any]], str]:
           "Russian, Japanese, Chinese and Arabic show low per-token perplexity because the "
           "tokenizer splits them into many short, predictable byte-level tokens: compare "
           "methods within a language, not across languages."]
+    md += mse_clip_summary(cells, table, langs)
     return rows, "\n\n".join(md)
+
+
+def mse_clip_summary(cells: dict[str, Any], table: dict[str, Any], langs: list[str]) -> list[str]:
+    """RTN-MSE against RTN of the same symmetry: in how many languages it is lower, and the
+    mean relative change of perplexity."""
+    lines = []
+    for key, rec in cells.items():
+        if rec.get("method") != "rtn-mse":
+            continue
+        sym = (rec.get("axes") or {}).get("sym")
+        rtn = next((k for k, r in cells.items() if r.get("method") == "rtn"
+                    and (r.get("axes") or {}).get("sym") == sym), None)
+        if rtn is None:
+            continue
+        change = [table[key][lang] / table[rtn][lang] - 1 for lang in langs]
+        lower = sum(c < 0 for c in change)
+        lines.append(f"{label(rec)} against {label(cells[rtn])}: lower perplexity in {lower} of "
+                     f"{len(langs)} languages, mean change {100 * sum(change) / len(change):+.1f}%.")
+    return [" ".join(lines)] if lines else []
 
 
 def _tokens(rec: dict[str, Any], lang: str) -> int:
@@ -133,7 +155,7 @@ def awq_search_summary(root: Path, cells: dict[str, Any]) -> str:
                              rows, ".3f"))
 
 
-TITLES = {"baseline": "Baseline: float vs RTN w4g128 on the default model",
+TITLES = {"baseline": "Baseline: float vs RTN and RTN-MSE w4g128 on the default model",
           "gptq": "GPTQ vs RTN (w4, group 128) on the default model",
           "awq": "AWQ vs GPTQ vs RTN (w4g128, asym) on the default model"}
 NOTES = {

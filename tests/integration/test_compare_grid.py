@@ -139,6 +139,27 @@ def test_finished_grid_reruns_where_its_task_data_is_gone(tiny_model_dir: Path, 
         GridRunner(spec, results, work, progress=False).run()
 
 
+def test_a_method_added_to_a_finished_grid_runs_only_its_cells(tiny_model_dir: Path, texts,
+                                                               tmp_path: Path, monkeypatch,
+                                                               capsys) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(GridRunner, "run_cell",
+                        lambda self, cell: ran.append(cell.key) or {"cell": cell.key})
+    results, work = tmp_path / "r", tmp_path / "w"
+    GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn",)), results, work,
+               progress=False).run()
+    assert ran == ["float", "none__rtn"]
+    GridRunner(spec_for(tiny_model_dir, texts, methods=("rtn", "rtn-mse"),
+                        method_options={"rtn-mse": {"mse_grid": 20}}), results, work,
+               progress=False).run()
+    assert ran[2:] == ["none__rtn-mse"] and "methods rtn-mse added" in capsys.readouterr().err
+    assert json.loads((results / "grid.json").read_text())["spec"]["methods"] == ["rtn", "rtn-mse"]
+    for changed in (dict(methods=("rtn-mse",)), dict(methods=("rtn", "rtn-mse", "gptq"), seed=1)):
+        with pytest.raises(ConfigError, match="different grid"):  # a method dropped, or more
+            GridRunner(spec_for(tiny_model_dir, texts, **changed), results, work,
+                       progress=False).run()
+
+
 def test_selector_options_change_recipes_not_cell_keys(tiny_model_dir: Path, texts,
                                                       tmp_path: Path) -> None:
     base = dict(methods=("gptq",), nsamples=2)

@@ -11,6 +11,7 @@ import pytest
 
 from qcal.cli import build_parser, option_actions, subcommands
 from qcal.grid.spec import GridSpec
+from qcal.methods import METHODS
 from qcal.schema import COMMAND_SCHEMAS, INTERNAL, GridKeys
 
 pytestmark = pytest.mark.unit
@@ -81,5 +82,5 @@ def test_every_option_has_help_and_shows_its_default() -> None:
 def test_method_lists_its_choices() -> None:
     parser = subcommands(build_parser())["quantize"]
     method = next(a for a in option_actions(parser) if a.dest == "method")
-    assert all(name in str(method.metavar) for name in ("rtn", "gptq", "awq"))
-    assert "{awq,gptq,rtn}" in parser.format_help()
+    assert all(name in str(method.metavar) for name in ("rtn", "rtn-mse", "gptq", "awq"))
+    assert "{" + ",".join(METHODS.names()) + "}" in parser.format_help()
