@@ -60,3 +60,16 @@ def test_clip_search_lowers_the_weight_error_of_rtn(tiny_model_dir: Path) -> Non
     assert mse.keys() == rtn.keys()
     assert all(mse[n] <= rtn[n] * (1 + 1e-6) for n in rtn)
     assert sum(mse.values()) < sum(rtn.values())
+
+
+def test_scheme_override_reaches_rtn_mse(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A method added by one file honours --scheme-override like RTN (the weight-only runner
+    hands each linear its own scheme)."""
+    out = tmp_path / "ckpt"
+    argv = ["quantize", "--model", str(tiny_model_dir), "--method", "rtn-mse", "--group-size",
+            "32", "--device", "cpu", "--mse-grid", "10", "--scheme-override",
+            r".*down_proj=bits:8,group:32", "-o", str(out)]
+    assert main(argv) == 0
+    layers = quant_modules(load_checkpoint(out))
+    bits = {name: layer.bits for name, layer in layers.items()}
+    assert bits and all((b == 8) == name.endswith("down_proj") for name, b in bits.items()), bits
