@@ -304,10 +304,10 @@ def _resolve_cached(config_json: str, config_cls: type) -> ArchSpec:
     return _resolve(config, trust_remote_code=not builtin)
 
 
-def _resolve(config: Any, trust_remote_code: bool) -> ArchSpec:
+def _resolve(config: Any, trust_remote_code: bool, shrink: bool = True) -> ArchSpec:
     model_type = str(getattr(config, "model_type", "?"))
     try:
-        twin = build_twin(config, trust_remote_code)
+        twin = build_twin(config, trust_remote_code, shrink)
     except Exception as err:  # transformers cannot build this class at all
         raise UnsupportedArchitecture(
             f"cannot build model type {model_type!r} to resolve its architecture "
