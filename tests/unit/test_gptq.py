@@ -231,3 +231,36 @@ def test_nan_activations_are_a_clear_error() -> None:
     with pytest.raises(NumericalError, match=r"self_attn\.q_proj.*NaN.*calibration data"):
         gptq_quantize(torch.randn(4, 8), h, GPTQConfig(QuantScheme(4, -1)),
                       name="model.layers.0.self_attn.q_proj")
+
+
+def _textbook_columns(w: torch.Tensor, upper: torch.Tensor, cfg: GPTQConfig) -> torch.Tensor:
+    """The GPTQ reference's loop, row-major and unblocked inside a block: codes [out, in]."""
+    scheme, g = cfg.scheme, cfg.scheme.effective_group(w.shape[1])
+    w = w.clone()
+    codes = torch.empty_like(w, dtype=torch.int32)
+    for i1 in range(0, w.shape[1], cfg.block_size):
+        i2 = min(i1 + cfg.block_size, w.shape[1])
+        w1, err1, u1 = w[:, i1:i2].clone(), torch.zeros(w.shape[0], i2 - i1), upper[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            if (i1 + i) % g == 0:
+                seg = torch.cat([w1[:, i:i + g], w[:, i2:i1 + i + g]], dim=1)
+                scale, zero = group_params(seg, scheme, cfg)
+            q = grid.quantize(w1[:, i], scale, zero, scheme.maxq)
+            codes[:, i1 + i] = q
+            err = (w1[:, i] - grid.dequantize(q, scale, zero)) / u1[i, i]
+            w1[:, i:] -= torch.outer(err, u1[i, i:])
+            err1[:, i] = err
+        w[:, i2:] -= err1 @ upper[i1:i2, i2:]
+    return codes
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_column_loop_is_bit_identical_to_the_textbook_loop(group: int) -> None:
+    """The loop keeps each block transposed for speed; its arithmetic must stay the
+    reference's, bit for bit (checkpoints of the default models depend on it)."""
+    x = _inputs(512, 256, correlated=True, seed=3)
+    h = _hessian(x)
+    w = torch.randn(96, 256, generator=torch.Generator().manual_seed(4))
+    cfg = GPTQConfig(QuantScheme(4, group, False), block_size=64)
+    upper, _ = inverse_cholesky(h.clone(), cfg.damp_percent)
+    assert torch.equal(gptq_quantize(w, h, cfg).codes, _textbook_columns(w, upper, cfg))
