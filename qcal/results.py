@@ -70,25 +70,20 @@ TIME_V_FIELDS = {
     "max_rss_kib": r"Maximum resident set size \(kbytes\): (\d+)",
     "user_seconds": r"User time \(seconds\): ([\d.]+)",
     "system_seconds": r"System time \(seconds\): ([\d.]+)",
+    "cpu_percent": r"Percent of CPU this job got: (\d+)%",
+    "fs_output_blocks": r"File system outputs: (\d+)",  # 512-byte blocks
 }
 
 
-def timed_command(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-                  stdout: Any = None) -> dict[str, Any]:
-    """Run `cmd` under GNU `/usr/bin/time -v`: exit code, wall/user/system seconds, peak RSS
-    (MiB), the load average before and after, and the stderr tail when it failed. The one
+def parse_time_v(text: str) -> dict[str, Any]:
+    """The fields of GNU `time -v`'s report in `text` (None where absent): wall, user and
+    system seconds, CPU percent, file-system output blocks, and peak RSS in MiB. The one
     parser of `time -v` output for every benchmark script."""
     import re
 
-    before = os.getloadavg()
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], env={**os.environ, **(env or {})},
-                          cwd=cwd, stdout=stdout if stdout is not None else subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-    out: dict[str, Any] = {"returncode": proc.returncode,
-                           "load_before": [round(x, 2) for x in before],
-                           "load_after": [round(x, 2) for x in os.getloadavg()]}
+    out: dict[str, Any] = {}
     for key, pattern in TIME_V_FIELDS.items():
-        found = re.search(pattern, proc.stderr)
+        found = re.search(pattern, text)
         if not found:
             out[key] = None
         elif key == "wall_seconds":
@@ -100,6 +95,21 @@ def timed_command(cmd: list[str], env: dict[str, str] | None = None, cwd: Path |
             out[key] = float(found.group(1))
     kib = out.pop("max_rss_kib")
     out["max_rss_mib"] = round(kib / 1024, 1) if kib is not None else None
+    return out
+
+
+def timed_command(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                  stdout: Any = None) -> dict[str, Any]:
+    """Run `cmd` under GNU `/usr/bin/time -v`: exit code, `parse_time_v`'s fields, the load
+    average before and after, and the stderr tail when it failed."""
+    before = os.getloadavg()
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], env={**os.environ, **(env or {})},
+                          cwd=cwd, stdout=stdout if stdout is not None else subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    out: dict[str, Any] = {"returncode": proc.returncode,
+                           "load_before": [round(x, 2) for x in before],
+                           "load_after": [round(x, 2) for x in os.getloadavg()],
+                           **parse_time_v(proc.stderr)}
     if proc.returncode != 0:
         out["error_tail"] = ((proc.stdout or "") + proc.stderr)[-4000:]
     return out

@@ -8,7 +8,8 @@ after each step (the machine may be shared: compare only ratios measured in one 
 Random weights (scripts/make_random_model.py) measure memory and time, never quality.
 Each finished step is kept in runs/bench_big_model/state-<shape>-<step>.json, so a rerun
 skips it;
-results/big_model.{json,md} are rewritten from that state after every step.
+results/big_model.{json,md} are rewritten from that state after every step
+(qcal.studies.big_model renders the page; `qcal report --study big-model` re-renders it).
 
     python scripts/bench_big_model.py --shape 1b --steps rtn,gptq,eval
     python scripts/bench_big_model.py --shape 8b --steps rtn
@@ -26,6 +27,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from qcal.results import git_commit
+from qcal.studies import big_model
+from qcal.studies.bench import watched
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = ROOT / "runs" / "bench_big_model"
@@ -92,22 +97,6 @@ def step_command(shape: str, step: str, eval_of: str = "gptq",
                    "--resume" if resume else "--overwrite", "--keep-work"], out
 
 
-def _time_field(text: str, label: str) -> str | None:
-    match = re.search(rf"{re.escape(label)}: (.+)", text)
-    return match.group(1).strip() if match else None
-
-
-def _wall_seconds(value: str) -> float:
-    parts = [float(p) for p in value.split(":")]
-    return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
-
-
-def _cpu_seconds(text: str) -> float | None:
-    """User + system CPU seconds: the work done, whatever the load on a shared machine."""
-    user, system = _time_field(text, "User time (seconds)"), _time_field(text, "System time (seconds)")
-    return round(float(user) + float(system), 1) if user and system else None
-
-
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
@@ -123,30 +112,24 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         env["GPTQMODEL_CPU_WORKERS"] = "2"
     load_before = os.getloadavg()
     started = time.time()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
     log = STATE_DIR / f"{shape}-{step}{'+resume' if resume else ''}.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(["/usr/bin/time", "-v", *cmd], stdout=sink,
-                                stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-        stopped = _wait(proc, started + timeout_s if timeout_s else None, rss_limit_gib)
-    text = log.read_text()
+    run = watched(cmd, log, env=env, cwd=ROOT, rss_limit_gib=rss_limit_gib,
+                  deadline=started + timeout_s if timeout_s else None)
     shown = ["python", *cmd[1:]] if step.startswith("gptqmodel") else ["qcal", *cmd[3:]]
+    user, system = run["user_seconds"], run["system_seconds"]
     row: dict[str, Any] = {
         "shape": shape, "step": step + ("+resume" if resume else ""),
-        "exit": stopped or proc.returncode,
+        "exit": run["stopped"] or run["returncode"],
         "command": " ".join(shown).replace(str(ROOT) + "/", ""),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-        "commit": commit,
+        "commit": git_commit(),
         "load_before": round(load_before[0], 2), "load_after": round(os.getloadavg()[0], 2),
-        "wall_s": _wall_seconds(_time_field(text, "Elapsed (wall clock) time (h:mm:ss or m:ss)")
-                                or "0"),
-        "peak_rss_gib": round(int(_time_field(text, "Maximum resident set size (kbytes)")
-                                  or 0) / 2**20, 2),
-        "cpu_percent": _time_field(text, "Percent of CPU this job got"),
-        "cpu_s": _cpu_seconds(text),
-        "disk_written_gb": round(int(_time_field(text, "File system outputs") or 0)
-                                 * 512 / 1e9, 2),
+        "wall_s": run["wall_seconds"] or 0.0,
+        "peak_rss_gib": round((run["max_rss_mib"] or 0) / 1024, 2),
+        "cpu_percent": f"{run['cpu_percent']:.0f}%" if run["cpu_percent"] is not None else None,
+        # user + system: the work done, whatever the load on a shared machine
+        "cpu_s": round(user + system, 1) if user is not None and system is not None else None,
+        "disk_written_gb": round((run["fs_output_blocks"] or 0) * 512 / 1e9, 2),
         "output_gb": round(dir_bytes(out) / 1e9, 2),
         **_layer_times(Path(str(out) + ".work"), started),
     }
@@ -164,53 +147,10 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
             row["first_layer_done_s"] = times[0]
             row["s_per_layer_after_first"] = (round(sum(times[1:]) / (len(times) - 1), 1)
                                               if len(times) > 1 else None)
-    if step == "eval" and proc.returncode == 0:
-        ppl = re.findall(r'"ppl":\s*([0-9.eE+-]+|NaN|Infinity)', text)
+    if step == "eval" and run["returncode"] == 0:
+        ppl = re.findall(r'"ppl":\s*([0-9.eE+-]+|NaN|Infinity)', log.read_text())
         row["ppl"] = ppl[0] if ppl else None
     return row
-
-
-def _wait(proc: subprocess.Popen, deadline: float | None, rss_limit_gib: float) -> str | None:
-    """Wait for `proc`; at `deadline`, or when its processes hold more than `rss_limit_gib`
-    resident (stopped before the machine runs out: it has no swap), interrupt it (SIGINT:
-    qcal keeps finished layers for --resume) and say why; None when it ended by itself."""
-    import signal
-
-    import psutil
-
-    while proc.poll() is None:
-        try:
-            children = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            break
-        rss = sum(_rss(c) for c in children) / 2**30
-        why = ("stopped (time limit)" if deadline is not None and time.time() > deadline
-               else f"stopped (RSS over {rss_limit_gib:g} GiB)" if rss > rss_limit_gib else None)
-        if why and why.startswith("stopped (RSS"):
-            for child in children:  # no grace period: it is still growing
-                child.kill()
-            proc.wait()
-            return why
-        if why:
-            for child in children:
-                child.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                # Kill qcal, not /usr/bin/time: time still reports the peak and CPU time.
-                for child in children:
-                    child.kill()
-                proc.wait()
-            return why
-        time.sleep(1)
-    return None
-
-
-def _rss(process: Any) -> int:
-    try:
-        return int(process.memory_info().rss)
-    except Exception:  # gone between the listing and the read
-        return 0
 
 
 def _layer_times(work: Path, started: float) -> dict[str, Any]:
@@ -224,71 +164,6 @@ def _layer_times(work: Path, started: float) -> dict[str, Any]:
     if len(stamps) > 1:
         out["s_per_layer_after_first"] = round((stamps[-1] - stamps[0]) / (len(stamps) - 1), 1)
     return out
-
-
-def render(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "# Models bigger than memory (issue 36)",
-        "",
-        "Random Llama-shaped bf16 models from `scripts/make_random_model.py` (memory and time "
-        "only, never quality), quantized and evaluated on the CPU by "
-        "`python scripts/bench_big_model.py` (one run per row, under `/usr/bin/time -v`).",
-        "Machine: 2 CPU cores, 24 GiB RAM, no swap, shared with other jobs: the load "
-        "average before and after each step is recorded; wall times under load are upper bounds.",
-        "Disk written is the process's file-system output (512-byte blocks), work-dir "
-        "state and the assembled checkpoint included.",
-        "",
-        "| shape | step | exit | wall s | quantize s | s/layer | layers done | first layer s | "
-        "s/layer after first | peak RSS GiB | CPU | CPU s | disk written GB | output GB | "
-        "load avg before/after | started (UTC) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['shape']} | {r['step']} | {r['exit']} | {r['wall_s']:.0f} | "
-            f"{r.get('quantize_s', '-')} | {r.get('s_per_layer', '-')} | {r.get('layers_done', '-')} | "
-            f"{r.get('first_layer_done_s', '-')} | {r.get('s_per_layer_after_first', '-')} | "
-            f"{r['peak_rss_gib'] if r['peak_rss_gib'] is not None else '-'} | "
-            f"{r['cpu_percent'] or '-'} | {r.get('cpu_s') or '-'} | {r['disk_written_gb']} | "
-            f"{r['output_gb']} | "
-            f"{r['load_before']}/{r['load_after']} | {r['started']} |")
-    lines += ["", "Commands (paths relative to the checkout):", ""]
-    lines += [f"- {r['shape']} {r['step']}: `{r['command']}` (git commit {r.get('commit', '?')})"
-              for r in rows]
-    done = {(r["shape"], r["step"]) for r in rows if r["exit"] == 0}
-    stopped = [f"{r['shape']} {r['step']} ({r.get('layers_done', 0)} layers done)"
-               for r in rows if r["exit"] != 0]
-    missing = [f"{shape} {step}" for shape, step in PLANNED if (shape, step) not in done
-               and not any(x.startswith(f"{shape} {step} ") for x in stopped)]
-    lines += ["", "Columns: `quantize s` is the quantize step's own time (quant_log.json); "
-              "`layers done`, `first layer s` (from the start of the process: loading and "
-              "calibration included) and `s/layer after first` come from the per-layer files "
-              "in `<output>.work`, so they exist for a step stopped at its time limit too. "
-              "For GPTQModel (`gptqmodel` in float32, `gptqmodel-bf16` in the stored dtype; "
-              "its own venv, scripts/peer_worker.py, the same calibration ids) they come from "
-              "its layer callback, timed from the end of loading."]
-    lines += ["", "Where the time goes (from the code, for reading the rows): before the first "
-              "layer, `qcal quantize` reads every weight file once to refuse NaN/Inf weights and "
-              "truncated files before any work (a full extra read of the float files: most of "
-              "`first layer s` for RTN); after the last layer, the checkpoint is assembled from "
-              "the per-layer files in `<output>.work` in two passes (plan the shards, then write "
-              "them), so the packed layers are written twice and read twice. `qcal eval` keeps a "
-              "float32 dequantized copy of each linear only when all of them together fit in a "
-              "quarter of the available RAM (a 1B model does, an 8B one does not), so the eval "
-              "peak of a model that fits is its float32 size, by design."]
-    lines += [f"- Note on {r['shape']} {r['step']}: {r['note']}" for r in rows if r.get("note")]
-    if stopped:
-        lines += ["", "Stopped before all layers (the exit column says why: `--timeout`, or "
-                  "`--rss-limit` before the machine ran out of memory): " + "; ".join(stopped)
-                  + ". Their peak RSS is the peak up to the stop."]
-    if missing:
-        lines += ["", "Not measured yet (issue 36's plan): " + ", ".join(missing) + "."]
-    return "\n".join(lines) + "\n"
-
-
-PLANNED = (("1b", "rtn"), ("1b", "gptq"), ("1b", "awq"), ("1b", "eval"), ("1b", "gptqmodel"),
-           ("8b", "rtn"), ("8b", "gptq"), ("8b", "eval"), ("8b", "gptqmodel"),
-           ("8b", "gptqmodel-bf16"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,9 +221,7 @@ def write_results(state: dict[str, dict[str, Any]]) -> None:
     rows = [state[k] for k in sorted(state, key=lambda k: (order.index(k.split("/")[0]),
                                                            STEPS.index(k.split("/")[1].split("+")[0]),
                                                            k))]
-    results = ROOT / "results"
-    (results / "big_model.json").write_text(json.dumps(rows, indent=2))
-    (results / "big_model.md").write_text(render(rows))
+    big_model.write(rows, ROOT / "results" / "big_model")
 
 
 if __name__ == "__main__":

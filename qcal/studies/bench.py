@@ -6,6 +6,9 @@ subprocesses, the load average, provenance.
   subprocess step is run again, and a work folder of another setting is refused.
 - `timed`: one command under GNU `/usr/bin/time -v` (`qcal.results.timed_command`: wall,
   user and system seconds, peak RSS, load average before and after), echoed as it starts.
+- `watched`: one long command under `time -v` with its output in a log file, stopped at a
+  deadline (SIGINT: qcal keeps finished layers for --resume) or, at once, when its processes
+  hold more memory than a limit (this machine has no swap).
 - `load_average`: the 1/5/15-minute load, rounded, for in-process timings; `clock`: one
   in-process call's result and wall seconds.
 - `provenance`, `provenance_markdown`, `markdown_table`, `write_results`: what every results/
@@ -17,6 +20,8 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from typing import Any
 from qcal.cache import JsonSteps, StepCache
 from qcal.results import (
     markdown_table,
+    parse_time_v,
     provenance,
     provenance_markdown,
     timed_command,
@@ -33,7 +39,7 @@ from qcal.results import (
 )
 
 __all__ = ["Steps", "clock", "load_average", "markdown_table", "provenance", "provenance_markdown",
-           "timed", "write_results"]
+           "timed", "watched", "write_results"]
 
 
 def load_average() -> list[float] | None:
@@ -56,6 +62,56 @@ def timed(cmd: list[str], env: dict[str, str] | None = None,
     if run["returncode"] != 0:
         print(run.get("error_tail", ""), file=sys.stderr)
     return run
+
+
+def watched(cmd: list[str], log: Path, env: dict[str, str] | None = None,
+            cwd: Path | str | None = None, deadline: float | None = None,
+            rss_limit_gib: float | None = None) -> dict[str, Any]:
+    """Run `cmd` under `/usr/bin/time -v`, its output in `log`; stop it at `deadline` (epoch
+    seconds) or when its processes hold more than `rss_limit_gib` resident. Returns
+    `parse_time_v`'s fields, `returncode`, and `stopped` (why it was stopped, or None)."""
+    with log.open("w") as sink:
+        proc = subprocess.Popen(["/usr/bin/time", "-v", *map(str, cmd)], stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        stopped = _watch(proc, deadline, rss_limit_gib)
+    return {"returncode": proc.returncode, "stopped": stopped, **parse_time_v(log.read_text())}
+
+
+def _watch(proc: subprocess.Popen, deadline: float | None,
+           rss_limit_gib: float | None) -> str | None:
+    import psutil
+
+    while proc.poll() is None:
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        rss = sum(_rss(c) for c in children) / 2**30
+        if rss_limit_gib is not None and rss > rss_limit_gib:
+            for child in children:  # no grace period: it is still growing
+                child.kill()
+            proc.wait()
+            return f"stopped (RSS over {rss_limit_gib:g} GiB)"
+        if deadline is not None and time.time() > deadline:
+            for child in children:
+                child.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                # Kill the command, not /usr/bin/time: time still reports its peak and CPU time.
+                for child in children:
+                    child.kill()
+                proc.wait()
+            return "stopped (time limit)"
+        time.sleep(1)
+    return None
+
+
+def _rss(process: Any) -> int:
+    try:
+        return int(process.memory_info().rss)
+    except Exception:  # gone between the listing and the read
+        return 0
 
 
 def failed(saved: Any) -> bool:

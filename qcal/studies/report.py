@@ -24,6 +24,7 @@ STUDIES = {
     "lambada-items": "qcal.studies.lambada_items:render",  # completes cells, renders nothing
     "architectures": "qcal.studies.architectures:render_study",  # quantizes tiny families
     "kernels": "qcal.studies.kernels_report:render_study",  # from scripts/bench_kernels.py
+    "big-model": "qcal.studies.big_model:render_study",  # from scripts/bench_big_model.py
     "window-nll": "qcal.studies.bench_tables:window_nll_study",
     "shared-context": "qcal.studies.bench_tables:shared_context_study",
     "selection-cost": "qcal.studies.bench_tables:selection_cost_study",
