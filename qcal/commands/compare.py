@@ -66,7 +66,7 @@ def add_parser(sub: Any) -> None:
                         "multilingual, confidence (with benchmarks), selection; the method "
                         "tables baseline, gptq, awq; architectures and reliability (run their "
                         "checks); lambada-items (completes older benchmark cells); from a "
-                        "benchmark's JSON: peers, gptq-vs-peer, kernels, window-nll, "
+                        "benchmark's JSON: peers, gptq-vs-peer, kernels, big-model, window-nll, "
                         "shared-context, selection-cost, scaling, selectors, interop")
     r.add_argument("--out", type=Path, default=None,
                    help="with --study: the report's path without suffix (default under results/)")
