@@ -5,7 +5,7 @@
 Every step runs as a subprocess under `/usr/bin/time -v` (wall clock, peak resident set,
 file-system output blocks), one after the other; the load average is read before and
 after each step (the machine may be shared: compare only ratios measured in one run).
-Random weights (scripts/make_random_model.py) measure memory and time, never quality.
+Random weights (`python -m qcal.studies.random_model`) measure memory and time, never quality.
 Each finished step is kept in runs/bench_big_model/state-<shape>-<step>.json, so a rerun
 skips it;
 results/big_model.{json,md} are rewritten from that state after every step
@@ -56,7 +56,7 @@ def ensure_model(shape: str) -> Path:
     path = model_dir(shape)
     if not (path / "config.json").is_file():
         shutil.rmtree(path, ignore_errors=True)
-        subprocess.run([PY, str(ROOT / "scripts" / "make_random_model.py"), "--shape", shape,
+        subprocess.run([PY, "-m", "qcal.studies.random_model", "--shape", shape,
                         "-o", str(path)], check=True, env=_env(), cwd=ROOT)
     return path
 

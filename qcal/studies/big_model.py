@@ -16,7 +16,7 @@ PLANNED = (("1b", "rtn"), ("1b", "gptq"), ("1b", "awq"), ("1b", "eval"), ("1b", 
 _INTRO = [
     "# Models bigger than memory (issue 36)",
     "",
-    "Random Llama-shaped bf16 models from `scripts/make_random_model.py` (memory and time "
+    "Random Llama-shaped bf16 models from `python -m qcal.studies.random_model` (memory and time "
     "only, never quality), quantized and evaluated on the CPU by "
     "`python scripts/bench_big_model.py` (one run per row, under `/usr/bin/time -v`).",
     "Machine: 2 CPU cores, 24 GiB RAM, no swap, shared with other jobs: the load "

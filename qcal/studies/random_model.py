@@ -7,8 +7,8 @@ cast and appended to its file, so the peak memory is the largest single tensor (
 embedding). The tokenizer is copied from a real model directory (default: the
 provisioned default model), so the vocabulary matches `vocab_size`.
 
-    python scripts/make_random_model.py --shape 1b -o runs/random-1b
-    python scripts/make_random_model.py --shape 8b -o runs/random-8b --shard-size 2GB
+    python -m qcal.studies.random_model --shape 1b -o runs/random-1b
+    python -m qcal.studies.random_model --shape 8b -o runs/random-8b --shard-size 2GB
 """
 
 from __future__ import annotations
