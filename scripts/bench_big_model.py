@@ -31,6 +31,7 @@ from typing import Any
 from qcal.results import git_commit
 from qcal.studies import big_model
 from qcal.studies.bench import watched
+from qcal.studies.peers import WORKER, peer_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = ROOT / "runs" / "bench_big_model"
@@ -39,7 +40,6 @@ GPTQ_ARGS = ["--nsamples", "16", "--seqlen", "512"]
 # gptqmodel: GPTQModel on the same files and calibration ids, in float32 (what qcal computes
 # in) or, -bf16, in the stored dtype (GPTQModel's CPU default).
 STEPS = ("rtn", "gptq", "awq", "eval", "gptqmodel", "gptqmodel-bf16")
-PEER_VENV = ROOT / "runs" / "peer-venv"  # scripts/setup_peer_venv.sh
 
 
 def _env() -> dict[str, str]:
@@ -83,7 +83,7 @@ def step_command(shape: str, step: str, eval_of: str = "gptq",
     out = STATE_DIR / f"{shape}-{step}"
     if step.startswith("gptqmodel"):  # stops after `peer_layers` layers (0: all)
         dtype = "bfloat16" if step.endswith("bf16") else "float32"
-        return [str(PEER_VENV / "bin" / "python"), str(ROOT / "scripts" / "peer_worker.py"),
+        return [str(peer_venv() / "bin" / "python"), str(WORKER),
                 "gptqmodel", str(src), str(calib_ids(shape)), str(out), f"{out}.json",
                 "--group", "128", "--dtype", dtype, "--max-layers", str(peer_layers)], out
     qcal = [PY, "-m", "qcal"]

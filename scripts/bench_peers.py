@@ -11,7 +11,7 @@ Every quantizer runs as a subprocess under `/usr/bin/time -v` (process wall, pea
 after the other on the same machine; the quantize step's own time comes from each tool's log.
 Peers live in their own virtualenvs under runs/ (built here when missing, pinned, never
 project dependencies): GPTQModel 7.6.0 (scripts/setup_peer_venv.sh) and AutoAWQ 0.2.9 (with
-transformers 4.51.3, the last it supports); scripts/peer_worker.py drives them. Each step's
+transformers 4.51.3, the last it supports); qcal/studies/peer_worker.py drives them. Each step's
 result is kept in qcal's step cache under runs/, so an interrupted run resumes.
 `qcal report --study peers` (or gptq-vs-peer) renders a table again from its JSON.
 
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,108 +31,26 @@ from typing import Any
 from safetensors.torch import save_file
 
 from qcal.calib import resolve_calib
-from qcal.cli import command_prefix
 from qcal.data import eval_text
-from qcal.eval.perplexity import perplexity_of_ids, tokenize_text
+from qcal.eval.perplexity import tokenize_text
 from qcal.model.loading import load_model, resolve_model_dir
 from qcal.paths import results_dir, runs_dir
-from qcal.studies.bench import Steps, provenance, timed, write_results
+from qcal.studies.bench import Steps, provenance, write_results
+from qcal.studies.peers import (
+    AUTOAWQ_PINS,
+    AUTOAWQ_PROBE,
+    BASELINE_REV,
+    GPTQMODEL_PROBE,
+    baseline_source,
+    ensure_autoawq,
+    ensure_gptqmodel,
+    peer_run,
+    peer_venv,
+    peer_version,
+    qcal_ppl,
+    qcal_run,
+)
 from qcal.studies.peers_report import render_loaders, render_speed
-
-ROOT = Path(__file__).resolve().parent.parent
-WORKER = str(ROOT / "scripts" / "peer_worker.py")
-# The last commit before the AWQ speed work (Gram loss for lone linears, token budget).
-BASELINE_REV = "4112516"
-AUTOAWQ_PINS = ["torch==2.13.0", "transformers==4.51.3", "autoawq==0.2.9"]
-GPTQMODEL_PROBE = ("import gptqmodel, optimum.version as o, torch, transformers; "
-                   "print(f'gptqmodel {gptqmodel.__version__}, optimum {o.__version__}, "
-                   "torch {torch.__version__}, transformers {transformers.__version__}')")
-AUTOAWQ_PROBE = ("import awq, transformers; print('AutoAWQ', awq.__version__, 'transformers', "
-                 "transformers.__version__)")
-
-
-def ensure_autoawq(venv: Path) -> Path:
-    python = venv / "bin" / "python"
-    if not (python.exists() and subprocess.run([str(python), "-c", "import awq"], cwd="/",
-                                               capture_output=True).returncode == 0):
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", *AUTOAWQ_PINS], check=True)
-    return python
-
-
-def ensure_gptqmodel(venv: Path) -> Path:
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run(["bash", str(ROOT / "scripts" / "setup_peer_venv.sh")], check=True,
-                       env={**os.environ, "PEER_VENV": str(venv)})
-    return python
-
-
-def baseline_source(rev: str, dest: Path) -> Path:
-    """qcal's package as it was at `rev` (git archive), unpacked under `dest`."""
-    if not (dest / "qcal" / "__init__.py").is_file():
-        dest.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "qcal"],
-                                 capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-    return dest
-
-
-def peer_version(python: Path | None, probe: str, what: str) -> str:
-    if python is None:
-        return f"{what}: not run now"
-    # cwd="/": `-c` puts the working directory on sys.path, and a checkout's kernels/ folder
-    # would shadow the `kernels` package the peers' transformers imports.
-    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd="/")
-    # Peers print banners on import; the probe's own line is the last one.
-    lines = (out.stdout if out.returncode == 0 else out.stderr).strip().splitlines()
-    return lines[-1][:300] if lines else f"probe exited {out.returncode}"
-
-
-def peer_run(python: Path, cmd: list[str], result: Path, env: dict[str, str] | None = None
-             ) -> dict[str, Any]:
-    # No PYTHONPATH: a checkout on it would put its kernels/ folder where the peer's
-    # transformers looks for the `kernels` package (and qcal where the peer needs none).
-    run = timed([str(python), WORKER, *cmd], env={**(env or {}), "PYTHONPATH": ""}, cwd=ROOT)
-    if run["returncode"] == 0:
-        run.update(json.loads(result.read_text()))
-    return run
-
-
-def qcal_run(out: Path, args: list[str], expected_digest: str | None,
-             pythonpath: Path | None = None) -> dict[str, Any]:
-    """`qcal quantize ARGS -o OUT` under time -v, with its quantize time and calibration
-    digest; `pythonpath`: an earlier commit's package, run from its unpacked source."""
-    cmd = [*command_prefix(), "quantize", *args, "-o", str(out)]
-    env, cwd = None, ROOT
-    if pythonpath is not None:
-        # `-m` puts the working directory first on sys.path; QCAL_HOME finds the models.
-        cmd = [sys.executable, "-m", "qcal", *cmd[len(command_prefix()):]]
-        env, cwd = {"QCAL_HOME": str(ROOT)}, pythonpath
-    run = timed(cmd, env=env, cwd=cwd)
-    where = subprocess.run([sys.executable, "-c", "import qcal; print(qcal.__file__)"],
-                           capture_output=True, text=True, cwd=cwd,
-                           env={**os.environ, **(env or {})})
-    run["qcal_package"] = where.stdout.strip()  # proves which code ran
-    if run["returncode"] == 0:
-        log = json.loads((out / "quant_log.json").read_text())
-        run["quantize_seconds"] = log["quantize_seconds"]
-        digest = (log.get("calibration") or {}).get("digest")
-        run["calibration_digest"] = digest
-        run["same_calibration"] = digest == expected_digest if expected_digest else None
-    return run
-
-
-def qcal_ppl(path: Path, windows: Any, fail_soft: bool = False) -> dict[str, Any]:
-    try:
-        net, _, _ = load_model(path)
-    except Exception as err:  # noqa: BLE001 - with fail_soft the failure is the result
-        if not fail_soft:
-            raise
-        return {"error": f"{type(err).__name__}: {err}"}
-    res = perplexity_of_ids(net, windows.reshape(-1), windows.shape[1], None, 4, None,
-                            progress=True, desc=f"ppl[{path.name}]")
-    return {"ppl": res.ppl, "tokens": res.tokens}
 
 
 def speed_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: Any) -> None:
@@ -286,7 +202,7 @@ def main() -> int:
     p.add_argument("--calib", default="debian-handbook")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-windows", type=int, default=None, help="held-out windows of 512")
-    p.add_argument("--peer-venv", type=Path, default=runs_dir() / "peer-venv",
+    p.add_argument("--peer-venv", type=Path, default=peer_venv(),
                    help="GPTQModel's virtualenv (made by scripts/setup_peer_venv.sh if missing)")
     p.add_argument("--fresh", action="store_true", help="discard cached steps and start over")
     p.add_argument("--out", type=Path, default=None, help="results stem")

@@ -35,7 +35,7 @@ _COLUMNS = (
     "`first layer s` (from the start of the process: loading and calibration included) and "
     "`s/layer after first` come from the per-layer files in `<output>.work`, so they exist for "
     "a step stopped at its time limit too. For GPTQModel (`gptqmodel` in float32, "
-    "`gptqmodel-bf16` in the stored dtype; its own venv, scripts/peer_worker.py, the same "
+    "`gptqmodel-bf16` in the stored dtype; its own venv, qcal/studies/peer_worker.py, the same "
     "calibration ids) they come from its layer callback, timed from the end of loading.")
 
 _WHERE_TIME_GOES = (

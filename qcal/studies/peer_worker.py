@@ -1,6 +1,6 @@
 """Runs inside a peer's own virtualenv (no qcal import): quantize with GPTQModel or AutoAWQ,
-or score a checkpoint as GPTQModel or transformers (+ optimum) loads it. Called by
-scripts/bench_peers.py; every input comes from files it wrote (token ids as safetensors,
+or score a checkpoint as GPTQModel or transformers (+ optimum) loads it. Run by
+qcal.studies.peers (its benchmarks); every input comes from files they wrote (token ids as safetensors,
 never pickle), every output goes to a JSON file it reads.
 
     python peer_worker.py gptqmodel MODEL_DIR CALIB.safetensors OUT_DIR RESULT.json \
