@@ -22,25 +22,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import statistics
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from qcal.config import QuantScheme
 from qcal.packing.qlinear import QuantLinear
-from qcal.quant.base import rtn_quantize
-from qcal.studies.bench import (
-    load_average,
-    provenance,
-    write_results,
+from qcal.studies.bench import load_average, provenance, time_round_robin, write_results
+from qcal.studies.kernels import (
+    greedy_decode,
+    kernel_cache_bytes,
+    kernel_env,
+    random_layer,
+    weight_bytes,
 )
 from qcal.studies.kernels_report import render
 
@@ -63,46 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; 1 on a shared machine, where multi-thread barriers stall")
     return p.parse_args(argv)
-
-
-@contextlib.contextmanager
-def kernel_env(value: str | None) -> Iterator[None]:
-    old = os.environ.get("QCAL_KERNEL")
-    if value is None:
-        os.environ.pop("QCAL_KERNEL", None)
-    else:
-        os.environ["QCAL_KERNEL"] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("QCAL_KERNEL", None)
-        else:
-            os.environ["QCAL_KERNEL"] = old
-
-
-def time_round_robin(fns: dict[str, Callable[[], Any]], repeats: int, sample_s: float = 0.25) -> dict:
-    """Median/min seconds per call of each fn; samples interleave fns so load drifts hit all alike."""
-    iters = {}
-    for name, fn in fns.items():
-        fn()
-        start = time.perf_counter()
-        fn()
-        iters[name] = max(1, int(sample_s / max(time.perf_counter() - start, 1e-6)))
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(iters[name]):
-                fn()
-            samples[name].append((time.perf_counter() - start) / iters[name])
-    return {name: {"median_ms": 1e3 * statistics.median(s), "min_ms": 1e3 * min(s),
-                   "max_ms": 1e3 * max(s), "iters": iters[name]} for name, s in samples.items()}
-
-
-def random_layer(k: int, n: int, group: int, seed: int = 0) -> QuantLinear:
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.02
-    return QuantLinear.from_result(rtn_quantize(w, QuantScheme(4, group)), None).eval()
 
 
 MATMUL_TOKENS = (1, 16, 64, 512)
@@ -160,41 +118,6 @@ def ensure_checkpoint(group: int, runs_dir: Path) -> Path:
         if qcal_main(cmd) != 0:
             raise SystemExit(f"`qcal {' '.join(cmd)}` failed")
     return out
-
-
-@torch.no_grad()
-def greedy_decode(model: torch.nn.Module, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, float]:
-    """(generated ids, seconds for the steps after the prefill) with the KV cache."""
-    # transformers 5.24 renamed past_key_values to cache; older 5.x still take the old name.
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids=ids, use_cache=True)
-    nxt = out.logits[:, -1:].argmax(-1)
-    tokens = [nxt]
-    start = time.perf_counter()
-    for _ in range(steps):
-        out = model(input_ids=nxt, use_cache=True, **{name: out.get(name)})
-        nxt = out.logits[:, -1:].argmax(-1)
-        tokens.append(nxt)
-    return torch.cat(tokens, 1), time.perf_counter() - start
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
-
-
-def kernel_cache_bytes(model: torch.nn.Module) -> int:
-    """Bytes held by the backends' repacked/dequantized weights (beyond the checkpoint buffers)."""
-    total = 0
-    for layer in model.modules():
-        for _, value in getattr(layer, "_kernel_cache", {}).values():
-            parts = [value] if isinstance(value, torch.Tensor) else getattr(value, "__dict__", {}).values()
-            total += sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
-    return total
 
 
 def e2e_decode(args: argparse.Namespace) -> dict:

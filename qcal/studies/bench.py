@@ -10,7 +10,8 @@ subprocesses, the load average, provenance.
   deadline (SIGINT: qcal keeps finished layers for --resume) or, at once, when its processes
   hold more memory than a limit (this machine has no swap).
 - `load_average`: the 1/5/15-minute load, rounded, for in-process timings; `clock`: one
-  in-process call's result and wall seconds.
+  in-process call's result and wall seconds; `time_round_robin`: several in-process calls
+  timed interleaved, so load drifts hit them alike.
 - `provenance`, `provenance_markdown`, `markdown_table`, `write_results`: what every results/
   table carries (command, date, git commit, machine with its load average, torch).
 """
@@ -21,6 +22,7 @@ import os
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -39,12 +41,32 @@ from qcal.results import (
 )
 
 __all__ = ["Steps", "clock", "load_average", "markdown_table", "provenance", "provenance_markdown",
-           "timed", "watched", "write_results"]
+           "time_round_robin", "timed", "watched", "write_results"]
 
 
 def load_average() -> list[float] | None:
     """The 1, 5 and 15-minute load average (None where the OS has none)."""
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def time_round_robin(fns: dict[str, Callable[[], Any]], repeats: int,
+                     sample_s: float = 0.25) -> dict[str, dict[str, float]]:
+    """Median/min seconds per call of each fn; samples interleave fns so load drifts hit all alike."""
+    iters = {}
+    for name, fn in fns.items():
+        fn()
+        start = time.perf_counter()
+        fn()
+        iters[name] = max(1, int(sample_s / max(time.perf_counter() - start, 1e-6)))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(iters[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / iters[name])
+    return {name: {"median_ms": 1e3 * statistics.median(s), "min_ms": 1e3 * min(s),
+                   "max_ms": 1e3 * max(s), "iters": iters[name]} for name, s in samples.items()}
 
 
 def clock(fn: Callable[[], Any]) -> tuple[Any, float]:
