@@ -30,16 +30,16 @@ import torch
 from qcal.cli import command_prefix
 from qcal.data import eval_text
 from qcal.eval.perplexity import tokenize_text
-from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir
+from qcal.model.loading import load_tokenizer, resolve_model_dir
 from qcal.paths import results_dir, runs_dir
 from qcal.studies.bench import provenance, write_results
 from qcal.studies.bench_tables import interop_row, render_interop
+from qcal.studies.interop import agreement, lm_eval_cli, logits_of
+from qcal.studies.peers import peer_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 
 FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
-PEER = ROOT / "runs" / "peer-venv" / "bin" / "python"  # scripts/setup_peer_venv.sh
-PEER_SCRIPT = ROOT / "tests" / "integration" / "peer" / "gptqmodel_logits.py"
 
 
 def qcal_cli(*args: str) -> None:
@@ -66,56 +66,6 @@ def make_checkpoints(work: Path, sym: bool, act: bool, nsamples: int,
             qcal_cli("export", "--model", str(gptq), "--format", fmt, "-o", str(out[fmt]),
                      "--overwrite")
     return out
-
-
-def logits_of(loader: str, path: Path, windows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if loader.startswith("GPTQModel"):
-        import tempfile
-
-        from safetensors.torch import load_file, save_file
-
-        with tempfile.TemporaryDirectory() as tmp:
-            save_file({"ids": windows.contiguous()}, f"{tmp}/ids.safetensors")
-            run = subprocess.run([str(PEER), str(PEER_SCRIPT), str(path), f"{tmp}/ids.safetensors",
-                                  f"{tmp}/out.safetensors"], capture_output=True, text=True)
-            if run.returncode != 0:
-                raise RuntimeError(run.stderr.strip().splitlines()[-1])
-            return load_file(f"{tmp}/out.safetensors")["logits"]
-    if loader == "qcal":
-        net = load_model(path, dtype=dtype)[0]
-    else:  # bare: no argument besides the dtype of the comparison
-        from transformers import AutoModelForCausalLM
-
-        net = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
-    with torch.no_grad():
-        return net(windows).logits.float()
-
-
-def lm_eval_cli(path: Path, work: Path) -> dict[str, Any]:
-    """`lm_eval --model hf --model_args pretrained=<path>` on 5 items of a packaged task."""
-    import json
-    import os
-
-    from qcal.eval.local_tasks import tasks_dir
-
-    out = work / f"lm_eval-{path.name}"
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-           f"pretrained={path},dtype=float32", "--tasks", "qcal_nextsent_en", "--include_path",
-           str(tasks_dir()), "--limit", "5", "--device", "cpu", "--batch_size", "1",
-           "--output_path", str(out)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    results = sorted(out.rglob("results_*.json")) if out.is_dir() else []
-    if run.returncode != 0 or not results:
-        lines = [ln for ln in run.stderr.strip().splitlines() if "Error" in ln] or ["no result"]
-        raise RuntimeError(lines[-1])
-    acc = json.loads(results[-1].read_text())["results"]["qcal_nextsent_en"]["acc,none"]
-    return {"lm_eval_acc_5_items": acc}
-
-
-def agreement(ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
-    return {"max_rel_diff": float((ref - got).abs().max() / ref.abs().max()),
-            "top1_agree": float((ref.argmax(-1) == got.argmax(-1)).float().mean())}
 
 
 PEER_LOADER = "GPTQModel 7.6 (own venv, torch kernel, bf16)"
@@ -159,7 +109,7 @@ def main() -> None:
                 for dtype in (torch.float32, torch.bfloat16):
                     if loader != "qcal" and dtype != torch.float32:
                         continue
-                    if loader == PEER_LOADER and not PEER.is_file():
+                    if loader == PEER_LOADER and not (peer_venv() / "bin" / "python").is_file():
                         continue
                     cell: dict[str, Any] = {"format": fmt, "sym": sym, "act_order": act,
                                             "loader": loader,
