@@ -17,21 +17,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
-from qcal.calib.manifest import token_statistics
 from qcal.calib.perplexity import PerplexitySelector
 from qcal.calib.random_sel import RandomSelector
-from qcal.calib.windows import WindowPool, build_windows
 from qcal.calib.zipf import ZipfSelector
-from qcal.errors import QcalError
 from qcal.studies.bench import clock, load_average, provenance, write_results
 from qcal.studies.bench_tables import render_selectors
+from qcal.studies.selector_cost import load_pool, set_stats
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,31 +45,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_pool(args: argparse.Namespace, tokenizer: Any) -> tuple[WindowPool, dict[str, Any]]:
-    from qcal.data import resolve_source
-
-    langs = [x.strip() for x in args.langs.split(",") if x.strip()]
-    docs = resolve_source(args.source, split="calib", langs=langs)
-    if len(docs) < args.docs:
-        raise QcalError(f"{args.source} [{args.langs}] has {len(docs)} calib documents, fewer than "
-                        f"--docs {args.docs}; add languages with --langs")
-    pick = np.sort(np.random.default_rng(args.seed).choice(len(docs), size=args.docs, replace=False))
-    docs = [docs[i] for i in pick]
-    started = time.perf_counter()
-    pool = build_windows(docs, tokenizer, args.seqlen, max_windows_per_doc=1)
-    seconds = time.perf_counter() - started
-    per_lang = {lang: sum(d.lang == lang for d in docs) for lang in langs}
-    return pool, {"documents": len(docs), "documents_per_language": per_lang,
-                  "windows": len(pool), "windowing_seconds": round(seconds, 3)}
-
-
-def set_stats(pool: WindowPool, indices: list[int]) -> dict[str, Any]:
-    ids = pool.ids[torch.tensor(indices)]
-    st = token_statistics(ids, [pool.langs[i] for i in indices], pool.tokenizer.all_special_ids)
-    return {"types": st["types"], "type_token_ratio": st["type_token_ratio"],
-            "zipf_exponent": st["zipf"]["exponent"], "languages": st["per_language_tokens"]}
-
-
 def main(argv: list[str] | None = None) -> int:
     from qcal.model.loading import load_model
 
@@ -82,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs < 2000:
         print("note: the benchmark's claim needs --docs >= 2000", file=sys.stderr)
     (net, tokenizer, model_path), load_s = clock(lambda: load_model(args.model))
-    pool, pool_info = load_pool(args, tokenizer)
+    langs = [x.strip() for x in args.langs.split(",") if x.strip()]
+    pool, pool_info = load_pool(args.source, langs, args.docs, args.seqlen, args.seed, tokenizer)
     print(f"pool: {pool_info}", flush=True)
 
     zipf = ZipfSelector()
