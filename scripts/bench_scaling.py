@@ -20,21 +20,10 @@ from typing import Any
 from qcal.cli import command_prefix
 from qcal.config import EvalConfig
 from qcal.eval.job import run_evaluation
-from qcal.packing.checkpoint import load_checkpoint, quant_modules
-from qcal.packing.formats import codes_of
 from qcal.paths import results_dir, runs_dir
 from qcal.studies.bench import provenance, timed, write_results
 from qcal.studies.bench_tables import render_scaling
-
-
-def identical_codes(a: Path, b: Path) -> float:
-    qa, qb = quant_modules(load_checkpoint(a)), quant_modules(load_checkpoint(b))
-    same = total = 0
-    for name, layer in qa.items():
-        ca, cb = codes_of(layer).codes, codes_of(qb[name]).codes
-        same += int((ca == cb).sum())
-        total += ca.numel()
-    return same / total
+from qcal.studies.comparisons import identical_codes
 
 
 def main() -> None:

@@ -30,15 +30,9 @@ from qcal.studies.bench import load_average, provenance, write_results
 from qcal.studies.bench_tables import SELECTION_ARMS as ARMS
 from qcal.studies.bench_tables import SELECTION_SOURCE as SOURCE
 from qcal.studies.bench_tables import SEQLEN, render_selection_cost
+from qcal.studies.comparisons import transposed_nll
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def transposed_nll(logits: Any, ids: Any) -> Any:
-    """The perplexity selector's scoring before qcal.scoring: CE over a transposed view."""
-    import torch.nn.functional as F
-
-    return F.cross_entropy(logits.float()[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
 
 
 def select(tokenizer: Any, arm: str, n: int, seed: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from qcal.studies.bench import load_average, provenance, write_results
 from qcal.studies.bench_tables import render_shared_context
+from qcal.studies.comparisons import agreement_of_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,17 +45,7 @@ def bench_model(name: str, limit: int, first_shared: bool) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - start, 1), "load_before": before,
             "load_after": load_average(), "run": run}
     plain, shared_run = runs["lm_eval"]["run"], runs["shared"]["run"]
-    per_task = {}
-    for task in TASKS:
-        a, b = plain.items[task], shared_run.items[task]
-        diff = max(abs(x - y) for ra, rb in zip(a, b, strict=True)
-                   for x, y in zip(ra.lls, rb.lls, strict=True))
-        flips = sum(max(range(len(ra.lls)), key=ra.lls.__getitem__)
-                    != max(range(len(rb.lls)), key=rb.lls.__getitem__)
-                    for ra, rb in zip(a, b, strict=True))
-        per_task[task] = {"items": len(a), "max_abs_ll_diff": diff, "argmax_flips": flips,
-                          "acc_lm_eval": plain.metrics[task].get("acc,none"),
-                          "acc_shared": shared_run.metrics[task].get("acc,none")}
+    per_task = {task: agreement_of_runs(plain, shared_run, task) for task in TASKS}
     return {"model": name, "limit": limit,
             "order": "shared first" if first_shared else "lm-eval first",
             **{k: {kk: vv for kk, vv in v.items() if kk != "run"} for k, v in runs.items()},

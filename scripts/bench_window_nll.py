@@ -22,17 +22,9 @@ from typing import Any
 
 from qcal.studies.bench import load_average, provenance, write_results
 from qcal.studies.bench_tables import BATCH, SEQLEN, render_window_nll
+from qcal.studies.comparisons import flattened_nll
 
 ROOT = Path(__file__).resolve().parent.parent
-
-def flattened_nll(logits: Any, ids: Any) -> Any:
-    """The evaluation's scoring before qcal.scoring (a copy of the logits, then CE)."""
-    import torch.nn.functional as F
-
-    logits = logits.float()
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                           reduction="none").view(ids.shape[0], -1)
-
 
 def bench_model(name: str, windows: int, repeats: int) -> dict[str, Any]:
     import torch
