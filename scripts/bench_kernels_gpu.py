@@ -18,39 +18,12 @@ from qcal_kernels.reference import dequantize_packed, int4_matmul_reference
 from qcal_kernels.testing import random_packed_weight
 
 from qcal.results import provenance
+from qcal.studies.kernels import copy_bandwidth, peak_bandwidth
 
 DEVICE = torch.device("cuda")
 SIZES = (4096, 8192)
 MS = (1, 16, 64, 256)
 GROUP = 128
-
-
-def peak_bandwidth() -> tuple[float | None, str]:
-    """Theoretical DRAM bandwidth in bytes/s and where it came from."""
-    props = torch.cuda.get_device_properties(0)
-    clock_khz = getattr(props, "memory_clock_rate", None)
-    bus_bits = getattr(props, "memory_bus_width", None)
-    if clock_khz and bus_bits:
-        return 2 * clock_khz * 1e3 * bus_bits / 8, "torch device properties (2 x memory clock x bus width)"
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
-        bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
-        return 2 * mhz * 1e6 * bits / 8, "NVML (2 x max memory clock x bus width)"
-    except Exception:  # noqa: BLE001 - any NVML failure just means no theoretical peak
-        return None, "unknown (no clock/bus width available); fractions use the measured copy"
-
-
-def copy_bandwidth() -> float:
-    import triton.testing
-
-    src = torch.empty(2**28, dtype=torch.float32, device=DEVICE)  # 1 GiB
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
-    return 2 * src.numel() * 4 / (ms * 1e-3)
 
 
 def make_weight(k: int, n: int, act_order: bool, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -80,8 +53,8 @@ def gpu_part(repeats: int) -> Iterator[dict[str, Any]]:
     """Yield the GPU section after every measured shape (so a timeout keeps what was done)."""
     import triton
 
-    peak, peak_src = peak_bandwidth()
-    copy = copy_bandwidth()
+    peak, peak_src = peak_bandwidth(DEVICE)
+    copy = copy_bandwidth(DEVICE)
     ref_bw = peak or copy
     section: dict[str, Any] = {
         "provenance": provenance(

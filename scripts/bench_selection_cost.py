@@ -26,13 +26,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from qcal.paths import results_dir
 from qcal.studies.bench import load_average, provenance, write_results
 from qcal.studies.bench_tables import SELECTION_ARMS as ARMS
 from qcal.studies.bench_tables import SELECTION_SOURCE as SOURCE
 from qcal.studies.bench_tables import SEQLEN, render_selection_cost
 from qcal.studies.comparisons import transposed_nll
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def select(tokenizer: Any, arm: str, n: int, seed: int) -> dict[str, Any]:
@@ -78,7 +77,7 @@ def main() -> None:
     p.add_argument("--models", default="smollm2-135m-instruct")
     p.add_argument("--nsamples", default="16,128")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "selection_cost")
+    p.add_argument("--out", type=Path, default=results_dir() / "selection_cost")
     args = p.parse_args()
     nsamples = [int(x) for x in args.nsamples.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]

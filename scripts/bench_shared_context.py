@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qcal.paths import results_dir
 from qcal.studies.bench import load_average, provenance, write_results
 from qcal.studies.bench_tables import render_shared_context
 from qcal.studies.comparisons import agreement_of_runs
-
-ROOT = Path(__file__).resolve().parent.parent
 
 TASKS = ["arc_easy", "boolq", "piqa", "hellaswag", "multiemo_en", "multiemo_pl"]
 
@@ -57,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
     ap.add_argument("--limit", type=int, default=40)
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "shared_context")
+    ap.add_argument("--out", type=Path, default=results_dir() / "shared_context")
     args = ap.parse_args()
     command = "python scripts/bench_shared_context.py " + " ".join(sys.argv[1:])
     results = [bench_model(name, args.limit, first_shared=i % 2 == 1)

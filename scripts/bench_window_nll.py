@@ -20,11 +20,11 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from qcal.paths import results_dir
 from qcal.studies.bench import load_average, provenance, write_results
 from qcal.studies.bench_tables import BATCH, SEQLEN, render_window_nll
 from qcal.studies.comparisons import flattened_nll
 
-ROOT = Path(__file__).resolve().parent.parent
 
 def bench_model(name: str, windows: int, repeats: int) -> dict[str, Any]:
     import torch
@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
     p.add_argument("--windows", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "window_nll")
+    p.add_argument("--out", type=Path, default=results_dir() / "window_nll")
     args = p.parse_args()
     load_before = load_average()
     models = [bench_model(m, args.windows, args.repeats) for m in args.models.split(",")]

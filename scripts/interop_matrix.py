@@ -31,13 +31,11 @@ from qcal.cli import command_prefix
 from qcal.data import eval_text
 from qcal.eval.perplexity import tokenize_text
 from qcal.model.loading import load_tokenizer, resolve_model_dir
-from qcal.paths import results_dir, runs_dir
+from qcal.paths import qcal_home, results_dir, runs_dir
 from qcal.studies.bench import provenance, write_results
 from qcal.studies.bench_tables import interop_row, render_interop
 from qcal.studies.interop import agreement, lm_eval_cli, logits_of
 from qcal.studies.peers import peer_venv
-
-ROOT = Path(__file__).resolve().parent.parent
 
 FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
 
@@ -45,7 +43,7 @@ FORMATS = ("gptq", "gptq_v2", "compressed-tensors", "awq")
 def qcal_cli(*args: str) -> None:
     cmd = [*command_prefix(), *args]
     print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    subprocess.run(cmd, check=True, cwd=qcal_home())
 
 
 def make_checkpoints(work: Path, sym: bool, act: bool, nsamples: int,

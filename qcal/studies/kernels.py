@@ -71,3 +71,32 @@ def kernel_cache_bytes(model: torch.nn.Module) -> int:
             parts = [value] if isinstance(value, torch.Tensor) else getattr(value, "__dict__", {}).values()
             total += sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
     return total
+
+
+def peak_bandwidth(device: torch.device) -> tuple[float | None, str]:
+    """A CUDA device's theoretical DRAM bandwidth in bytes/s and where it came from."""
+    props = torch.cuda.get_device_properties(device)
+    clock_khz = getattr(props, "memory_clock_rate", None)
+    bus_bits = getattr(props, "memory_bus_width", None)
+    if clock_khz and bus_bits:
+        return 2 * clock_khz * 1e3 * bus_bits / 8, "torch device properties (2 x memory clock x bus width)"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+        bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
+        return 2 * mhz * 1e6 * bits / 8, "NVML (2 x max memory clock x bus width)"
+    except Exception:  # noqa: BLE001 - any NVML failure just means no theoretical peak
+        return None, "unknown (no clock/bus width available); fractions use the measured copy"
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """A device-to-device copy's bandwidth in bytes/s (1 GiB, median of triton's do_bench)."""
+    import triton.testing
+
+    src = torch.empty(2**28, dtype=torch.float32, device=device)  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
+    return 2 * src.numel() * 4 / (ms * 1e-3)
