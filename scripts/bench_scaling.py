@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from qcal.cli import command_prefix
-from qcal.config import EvalConfig
 from qcal.eval.job import run_evaluation
 from qcal.packing.checkpoint import load_checkpoint, quant_modules
 from qcal.packing.formats import codes_of
 from qcal.paths import results_dir, runs_dir
+from qcal.run_config import EvalConfig
 from qcal.studies.bench import provenance, timed, write_results
 from qcal.studies.bench_tables import render_scaling
 
