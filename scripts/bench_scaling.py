@@ -19,7 +19,8 @@ from typing import Any
 
 from qcal.cli import command_prefix
 from qcal.eval.job import run_evaluation
-from qcal.packing.checkpoint import load_checkpoint, quant_modules
+from qcal.packing.checkpoint import quant_modules
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.packing.formats import codes_of
 from qcal.paths import results_dir, runs_dir
 from qcal.run_config import EvalConfig
