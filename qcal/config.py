@@ -1,17 +1,23 @@
-"""Frozen configuration dataclasses with a JSON round trip.
+"""Frozen configuration dataclasses of quantization with a JSON round trip: the integer
+grid (`QuantScheme`), the method configs (RTN, GPTQ, AWQ), which linears are quantized
+(`ModuleSelection`) and per-module schemes (`SchemeOverride`, --scheme-override).
 
 Configs carry no behaviour: the CLI builds them, the library consumes them, and
-every saved artifact stores the config that produced it.
+every saved artifact stores the config that produced it. The configs of the calibration
+data and of evaluation are in qcal.run_config.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from qcal.errors import ConfigError
+
+# Re-exported: the recipe, the Python API and `qcal quantize` build them beside the configs here.
+from qcal.run_config import CalibConfig as CalibConfig
+from qcal.run_config import EvalConfig as EvalConfig
 
 C = TypeVar("C")
 
@@ -210,95 +216,6 @@ class ModuleSelection:
 
     def is_default(self) -> bool:
         return self == ModuleSelection()
-
-
-@dataclasses.dataclass(frozen=True)
-class CalibConfig:
-    """Which calibration data: a selector over a source (packaged corpus, text/JSONL file,
-    hf:<dataset>, or a saved set's directory or name), how many windows of how many tokens,
-    and the seed of the draw."""
-
-    selector: str = "random"
-    source: str = "debian-handbook"
-    nsamples: int = 128
-    seqlen: int = 512
-    seed: int = 0
-    # How records of a dataset / JSONL source become text: the field to read, or `chat`:
-    # render a record's `messages` with the model's chat template.
-    text_field: str = dataclasses.field(default="text", metadata={"key_if_set": True})
-    chat: bool = dataclasses.field(default=False, metadata={"key_if_set": True})
-
-    def __post_init__(self) -> None:
-        if self.nsamples < 1:
-            raise ConfigError(f"--nsamples {self.nsamples} must be at least 1; GPTQ used 128")
-        if self.seqlen < 2:
-            raise ConfigError(f"--seqlen {self.seqlen} must be at least 2; the default is 512")
-        if self.seed < 0:  # the CLI's schema says so first; this guards the Python API
-            raise ConfigError(f"--seed {self.seed} must be >= 0; e.g. --seed 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    """What `qcal eval` measures.
-
-    Perplexity on held-out text per language (fixed windows of `seqlen`, or strided);
-    lm-eval `tasks` (local or standard names, first `limit` items each); with
-    `confidence`, confidence-calibration metrics (ECE, Brier, ...) with `ece_bins`
-    equal-width bins (15 equal-count ranges for adaptive ECE use the same count).
-    """
-
-    seqlen: int = 512
-    stride: int | None = None
-    batch_size: int = 4
-    max_windows: int | None = None
-    langs: tuple[str, ...] = ()
-    ppl: bool = True
-    source: str = "debian-handbook"
-    tasks: tuple[str, ...] = ()
-    limit: int | None = None
-    # Per-task overrides of `limit`, (task, n) pairs; a group's applies to each of its
-    # subtasks, as lm-eval's --limit does (mmlu=50: 50 items of each of its 57 subjects).
-    task_limits: tuple[tuple[str, int], ...] = ()
-    num_fewshot: int | None = None
-    task_batch_size: int = 16
-    confidence: bool = False  # confidence metrics; not the calibration *set*
-    ece_bins: int = 15
-
-    def __post_init__(self) -> None:
-        if self.seqlen < 2:
-            raise ConfigError(f"seqlen={self.seqlen} must be at least 2; the default is 512")
-        if self.batch_size < 1 or self.task_batch_size < 1:
-            raise ConfigError("batch sizes must be positive; try --batch-size 4")
-        if self.max_windows is not None and self.max_windows < 1:
-            raise ConfigError(f"max_windows={self.max_windows} must be >= 1 (or None: all "
-                              "windows); e.g. --max-windows 16")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"--limit {self.limit} must be a positive number of items")
-        for task, n in self.task_limits:
-            if task not in self.tasks:
-                raise ConfigError(f"a per-task limit names {task!r}, which is not in --tasks "
-                                  f"{list(self.tasks)}")
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ConfigError(f"the limit of task {task} ({n!r}) must be a positive number "
-                                  "of items")
-        if self.ece_bins < 1:
-            raise ConfigError(f"--ece-bins {self.ece_bins} must be at least 1; the usual is 15")
-        if self.confidence and not self.tasks:
-            raise ConfigError("--confidence scores multiple-choice items: add --tasks "
-                              "(e.g. --tasks qcal_nextsent_en)")
-        from qcal.fsio import plain_name
-
-        for task in self.tasks:
-            plain_name(task, "task name")
-
-
-def task_limit_map(tasks: Sequence[str], limit: int | None,
-                   task_limits: Mapping[str, int] | Iterable[tuple[str, int]] = ()
-                   ) -> dict[str, int | None]:
-    """Every task with the number of items it scores (None: all): its own limit from
-    `task_limits`, else `limit`."""
-    own = dict(task_limits)
-    return {task: own.get(task, limit) for task in tasks}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

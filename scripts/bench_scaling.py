@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from qcal.cli import command_prefix
-from qcal.config import EvalConfig
 from qcal.eval.job import run_evaluation
 from qcal.paths import results_dir, runs_dir
+from qcal.run_config import EvalConfig
 from qcal.studies.bench import provenance, timed, write_results
 from qcal.studies.bench_tables import render_scaling
 from qcal.studies.comparisons import identical_codes

@@ -62,8 +62,8 @@ def _command_line() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qcal.config import EvalConfig
     from qcal.eval.job import run_evaluation
+    from qcal.run_config import EvalConfig
 
     if args.list_tasks:
         from qcal.eval.local_tasks import local_task_names

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import nn
 
-from qcal.config import task_limit_map
 from qcal.errors import ConfigError, QcalError
 from qcal.eval.benchmarks import unprovisioned_hint
 from qcal.eval.local_tasks import local_task_names, read_items, tasks_dir
+from qcal.run_config import task_limit_map
 
 if TYPE_CHECKING:
     from qcal.eval.score_store import ScoreStore

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from qcal.config import EvalConfig, to_dict
+from qcal.config import to_dict
 from qcal.errors import ConfigError
 from qcal.eval import confidence as cm
 from qcal.eval.drift import item_drift, metric_deltas
 from qcal.eval.harness import ItemRecord
+from qcal.run_config import EvalConfig
 
 ROLES = ("model", "base")
 

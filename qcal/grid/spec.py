@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from qcal.config import CalibConfig, EvalConfig, QuantScheme
+from qcal.config import QuantScheme
 from qcal.errors import ConfigError
 from qcal.fsio import plain_name
+from qcal.run_config import CalibConfig, EvalConfig
 
 if TYPE_CHECKING:
     from qcal.recipe import QuantRecipe

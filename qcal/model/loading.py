@@ -166,7 +166,8 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     from qcal.model import consistency
-    from qcal.packing.checkpoint import is_quantized_checkpoint, load_checkpoint
+    from qcal.packing.checkpoint import is_quantized_checkpoint
+    from qcal.packing.checkpoint_load import load_checkpoint
 
     path = resolve_model_dir(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype

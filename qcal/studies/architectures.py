@@ -25,8 +25,9 @@ from pathlib import Path
 
 from qcal.arch_check import METHOD_VARIANTS, check, text_ids
 from qcal.config import QuantScheme
+from qcal.model.layer_resolver import UnsupportedArchitecture
 from qcal.model.loading import load_model
-from qcal.model.resolve import UnsupportedArchitecture, arch_for
+from qcal.model.resolve import arch_for
 from qcal.model.tiny import TINY_FAMILIES, build_tiny_family, stdlib_text
 
 SCHEME = QuantScheme(bits=4, group_size=32)

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch.nn.functional as F
 
-from qcal.packing.checkpoint import load_checkpoint, quant_modules
+from qcal.packing.checkpoint import quant_modules
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.packing.formats import codes_of
 
 

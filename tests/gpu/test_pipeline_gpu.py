@@ -39,8 +39,8 @@ def _quantize(model: Path, text: Path, out: Path, method: str, device: str) -> N
 
 
 def _ppl(ckpt: Path, text: Path, device: str) -> float:
-    from qcal.config import EvalConfig
     from qcal.eval.job import run_evaluation
+    from qcal.run_config import EvalConfig
 
     out = run_evaluation(ckpt, EvalConfig(seqlen=64, max_windows=8), text_file=text,
                          progress=False, device=device)

@@ -18,8 +18,9 @@ from qcal.arch_check import METHOD_VARIANTS, check, text_ids
 from qcal.config import QuantScheme
 from qcal.model.adapters import LinearizedExperts, is_conv1d, is_fused_experts
 from qcal.model.arch import LLAMA_LIKE, ScaleGroup
+from qcal.model.layer_resolver import LayerResolver
 from qcal.model.loading import load_tokenizer
-from qcal.model.resolve import _Resolver, resolve_arch
+from qcal.model.resolve import resolve_arch
 from qcal.model.tiny import TINY_FAMILIES, build_tiny_family, stdlib_text
 from qcal.model.twin import build_twin, layer0_inputs
 
@@ -98,13 +99,13 @@ def test_llama_resolves_to_the_reference_spec() -> None:
     assert set(spec.prelude_modules) <= set(LLAMA_LIKE.prelude_modules)
 
 
-def _resolver(family: str) -> _Resolver:
+def _resolver(family: str) -> LayerResolver:
     twin = build_twin(_config(family), False)
     layers = twin.get_submodule("model.layers")
     reached = layer0_inputs(twin, layers)
     assert reached is not None
     args, kwargs, _ = reached
-    return _Resolver(layers[0], args, kwargs, family)
+    return LayerResolver(layers[0], args, kwargs, family)
 
 
 def _layers(net: nn.Module) -> str:

@@ -17,10 +17,9 @@ from qcal.methods.awq_runner import (
     ARTIFACT_NAME,
     apply_awq_artifact,
     awq_quantize_model,
-    fold_scale,
-    group_applies,
     load_artifact,
 )
+from qcal.methods.awq_search import fold_scale, group_applies
 from qcal.model.arch import decoder_layers
 from qcal.model.capture import capture_layer0_inputs, run_layer
 from qcal.model.loading import load_model
@@ -214,7 +213,7 @@ def test_group_losses_linear_exact_and_subsampled(mha_model_dir: Path) -> None:
     """The lone-linear loss (Gram) equals running the linear; a token budget makes the MLP
     and attention losses score a subset, and the search still never loses to RTN."""
     from qcal.methods.awq_inputs import InputDigest, search_batches
-    from qcal.methods.awq_runner import _block_loss, _group_loss, _input_plans
+    from qcal.methods.awq_search import _block_loss, _group_loss, _input_plans
     from qcal.model.capture import feed_linear_inputs
     from qcal.model.distributed import SINGLE
     from qcal.quant import awq

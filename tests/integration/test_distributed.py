@@ -45,10 +45,11 @@ def _quantize(model: Path, text: Path, out: Path, method: str, *extra: str
 ])
 def test_two_processes_match_one(method: str, min_same: float, max_ppl_change: float,
                                  tiny_model_dir: Path, tmp_path: Path) -> None:
-    from qcal.config import EvalConfig
     from qcal.eval.job import run_evaluation
-    from qcal.packing.checkpoint import load_checkpoint, quant_modules
+    from qcal.packing.checkpoint import quant_modules
+    from qcal.packing.checkpoint_load import load_checkpoint
     from qcal.packing.formats import codes_of
+    from qcal.run_config import EvalConfig
 
     text = tmp_path / "calib.txt"
     text.write_text("\n\n".join(stdlib_text()[:80]), encoding="utf-8")

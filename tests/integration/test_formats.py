@@ -15,7 +15,8 @@ from qcal.config import GPTQConfig, QuantScheme, RTNConfig
 from qcal.methods import METHODS, RunOptions
 from qcal.model.loading import load_model
 from qcal.model.tiny import stdlib_text
-from qcal.packing.checkpoint import load_checkpoint, quant_modules, save_checkpoint
+from qcal.packing.checkpoint import quant_modules, save_checkpoint
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.packing.formats import AWQ_ORDER, codes_of
 
 pytestmark = pytest.mark.integration

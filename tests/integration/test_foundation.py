@@ -15,7 +15,7 @@ from qcal.errors import CheckpointError, ConfigError, ModelNotFoundError
 from qcal.eval.perplexity import perplexity
 from qcal.model.loading import load_model
 from qcal.model.tiny import stdlib_text
-from qcal.packing.checkpoint import load_checkpoint
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.packing.qlinear import QuantLinear
 from qcal.pipeline import quantize_model_dir
 

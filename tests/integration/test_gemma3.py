@@ -16,7 +16,8 @@ from torch import nn
 import qcal.methods.awq_runner as awq_runner
 from qcal.config import AWQConfig, QuantScheme
 from qcal.methods import RunOptions
-from qcal.methods.awq_runner import awq_quantize_model, fold_scale, group_applies
+from qcal.methods.awq_runner import awq_quantize_model
+from qcal.methods.awq_search import fold_scale, group_applies
 from qcal.model.arch import LLAMA_LIKE, decoder_layers
 from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
 from qcal.model.loading import load_model

@@ -22,7 +22,7 @@ from qcal.model.loading import load_model
 from qcal.model.resolve import arch_for
 from qcal.model.sequential import ResumeStateError
 from qcal.model.tiny import stdlib_text
-from qcal.packing.checkpoint import load_checkpoint
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.pipeline import quantize_model_dir
 from qcal.quant.hessian import accumulate_hessian
 

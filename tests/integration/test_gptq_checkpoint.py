@@ -15,7 +15,8 @@ from qcal.methods import RunOptions, apply_result
 from qcal.methods.gptq_runner import run_gptq
 from qcal.model.loading import load_model
 from qcal.model.tiny import stdlib_text
-from qcal.packing.checkpoint import load_checkpoint, save_checkpoint
+from qcal.packing.checkpoint import save_checkpoint
+from qcal.packing.checkpoint_load import load_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -33,8 +33,9 @@ def test_desc_act_reaches_gptq_config_only(tiny_model_dir: Path, texts) -> None:
 
 
 def test_task_limits_reach_the_eval_config(tiny_model_dir: Path, texts) -> None:
-    from qcal.config import EvalConfig, from_dict, task_limit_map, to_dict
+    from qcal.config import from_dict, to_dict
     from qcal.grid import grid_from_dict
+    from qcal.run_config import EvalConfig, task_limit_map
 
     spec = spec_for(tiny_model_dir, texts, tasks=("qcal_nextsent_en", "qcal_nextsent_de"),
                     limit=20, task_limits={"qcal_nextsent_de": 5})

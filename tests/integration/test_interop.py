@@ -21,7 +21,8 @@ from qcal.config import GPTQConfig, QuantScheme
 from qcal.errors import ConfigError
 from qcal.methods import METHODS, RunOptions
 from qcal.model.loading import load_model
-from qcal.packing.checkpoint import DEFAULT_FORMAT, FORMATS, load_checkpoint, save_checkpoint
+from qcal.packing.checkpoint import DEFAULT_FORMAT, FORMATS, save_checkpoint
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.recipe import QuantRecipe, fit_to_format
 
 pytestmark = pytest.mark.integration

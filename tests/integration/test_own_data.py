@@ -11,11 +11,11 @@ import pytest
 
 from qcal.cache import _canonical
 from qcal.cli import main
-from qcal.config import CalibConfig
 from qcal.data import resolve_source
 from qcal.data.sources import CorpusFormatError
 from qcal.errors import ConfigError
 from qcal.model.tiny import stdlib_text
+from qcal.run_config import CalibConfig
 
 pytestmark = pytest.mark.integration
 TEXTS = stdlib_text()[:30]

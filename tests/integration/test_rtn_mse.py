@@ -15,7 +15,8 @@ from qcal.config import QuantScheme
 from qcal.methods import METHODS, RunOptions
 from qcal.methods.rtn_mse import RTNMSEConfig
 from qcal.model.loading import load_model
-from qcal.packing.checkpoint import load_checkpoint, quant_modules
+from qcal.packing.checkpoint import quant_modules
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.packing.formats import codes_of
 
 pytestmark = pytest.mark.integration

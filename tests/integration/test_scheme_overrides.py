@@ -20,7 +20,8 @@ from qcal.config import QuantScheme
 from qcal.model.loading import load_model
 from qcal.model.tiny import stdlib_text
 from qcal.module_tree import set_module
-from qcal.packing.checkpoint import load_checkpoint, quant_modules
+from qcal.packing.checkpoint import quant_modules
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.packing.formats import codes_of, ct_groups, ct_layer_scheme
 from qcal.quant.base import rtn_quantize
 

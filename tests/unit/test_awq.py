@@ -10,7 +10,7 @@ from torch import nn
 
 from qcal.config import AWQConfig, QuantScheme, from_json, to_json
 from qcal.errors import CheckpointError, ConfigError
-from qcal.methods.awq_runner import call_block, fold_scale, group_applies
+from qcal.methods.awq_search import call_block, fold_scale, group_applies
 from qcal.model.arch import LLAMA_LIKE, ScaleGroup
 from qcal.quant import awq
 from qcal.quant.base import rtn_quantize

@@ -9,7 +9,8 @@ import torch
 from qcal_kernels.cpu import cpu_int4_available
 
 from qcal.config import QuantScheme, RTNConfig
-from qcal.packing.checkpoint import load_checkpoint, quant_modules
+from qcal.packing.checkpoint import quant_modules
+from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.pipeline import quantize_model_dir
 
 pytestmark = [

@@ -68,7 +68,7 @@ def test_good_values_pass_and_keep_their_type(tmp_path: Path) -> None:
 
 
 def test_python_api_configs_refuse_what_the_schema_refuses() -> None:
-    from qcal.config import CalibConfig, EvalConfig
+    from qcal.run_config import CalibConfig, EvalConfig
 
     with pytest.raises(ConfigError, match="--seed -1 must be >= 0"):
         CalibConfig(seed=-1)
