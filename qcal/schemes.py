@@ -107,7 +107,7 @@ def check_against_model(shapes: dict[str, tuple[int, int]], selection: ModuleSel
         scheme = scheme_for(name, base, selection.schemes)
         rule = next((o for o in selection.schemes if re.match(o.pattern, name)), None)
         if scheme is None or rule is None:
-            continue  # the base scheme is checked against every linear by the pipeline
+            continue  # the base scheme is checked against every linear by validate_scheme
         in_f, out_f = shapes[name]
         per = 32 // math.gcd(32, scheme.bits)
         if in_f % per or out_f % per:
