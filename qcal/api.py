@@ -103,9 +103,10 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
     matching one decides a linear's scheme.
     """
     from qcal.methods import METHODS
+    from qcal.output import OutputPolicy, default_output_dir
     from qcal.packing.checkpoint import DEFAULT_FORMAT
-    from qcal.pipeline import OutputPolicy, default_output_dir
-    from qcal.recipe import QuantRecipe, method_config, run_recipe
+    from qcal.recipe import QuantRecipe, method_config
+    from qcal.run import run_recipe
 
     quant_method = METHODS.get(method)  # an unknown name lists the known ones
     overrides = tuple(o if isinstance(o, SchemeOverride) else parse_scheme_override(str(o))

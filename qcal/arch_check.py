@@ -1,6 +1,6 @@
 """Does qcal quantize a given architecture correctly? One model, one method, four checks.
 
-1. `qcal quantize`'s pipeline finishes;
+1. quantization (`qcal.run.quantize_model_dir`, stages 4 and 5 of `qcal quantize`) finishes;
 2. no float linear or expert weight is left inside the checkpoint's decoder layers (norms,
    routers and the linears the ArchSpec keeps float aside);
 3. the checkpoint loads back in qcal and its packed logits equal those of the same model
@@ -30,7 +30,7 @@ from qcal.model.loading import load_model
 from qcal.model.resolve import arch_for
 from qcal.module_tree import get_module, set_module
 from qcal.packing.qlinear import QuantLinear
-from qcal.pipeline import quantize_model_dir
+from qcal.run import quantize_model_dir
 
 METHOD_VARIANTS = ("rtn", "gptq", "gptq-act-order", "awq")
 

@@ -1,7 +1,9 @@
 """Per-module schemes (--scheme-override) at the boundaries: what a checkpoint format can
 store, whether each pattern names a quantized linear of the model (from its meta skeleton,
 before any weight is read), and what the checkpoint writers add: GPTQModel's `dynamic`
-field (read back by `qcal.packing.formats.dynamic_scheme`) and the stored symmetry.
+field (read back by `qcal.packing.formats.dynamic_scheme`) and the stored symmetry; and
+`validate_scheme`, the check every quantized linear passes before any work (`qcal quantize`
+on the loaded model, the grid on the skeleton).
 
 The per-linear resolution itself is `qcal.config.scheme_for` (first matching override
 wins, as GPTQModel's `dynamic`); runners reach it through `ModuleSelection.scheme_of`.
@@ -11,8 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qcal.config import (
     FORMAT_BITS,
@@ -23,6 +24,9 @@ from qcal.config import (
     scheme_for,
 )
 from qcal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def check_format(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: str) -> None:
@@ -38,19 +42,52 @@ def check_format(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fmt: 
         raise ConfigError(f"--format {fmt!r} is unknown; use one of {', '.join(FORMAT_BITS)}")
 
 
-def linear_shapes(model_dir: Path | str,
-                  trust_remote_code: bool = False) -> dict[str, tuple[int, int]]:
+def linear_shapes(skeleton: nn.Module) -> dict[str, tuple[int, int]]:
     """Full name -> (in_features, out_features) of every linear the resolved ArchSpec
-    quantizes, read from the model's meta skeleton (no weights)."""
+    quantizes, read from the model's meta skeleton (`qcal.model.shapes.skeleton`: no weights)."""
     from qcal.model.arch import decoder_layers, get_module
     from qcal.model.resolve import arch_for
-    from qcal.model.shapes import skeleton
 
-    net = skeleton(model_dir, trust_remote_code)
-    arch = arch_for(net)
+    arch = arch_for(skeleton)
     return {f"{arch.layers_path}.{i}.{name}": (int(get_module(layer, name).in_features),
                                                 int(get_module(layer, name).out_features))
-            for i, layer in enumerate(decoder_layers(net, arch)) for name in arch.linear_names}
+            for i, layer in enumerate(decoder_layers(skeleton, arch))
+            for name in arch.linear_names}
+
+
+def validate_scheme(model: nn.Module, scheme: QuantScheme,
+                    selection: ModuleSelection | None = None) -> None:
+    """Fail before any work if the scheme cannot serve every quantized linear."""
+    from qcal_kernels.format import PACKABLE_BITS
+
+    from qcal.methods import iter_layer_linears
+    from qcal.model.arch import get_module
+    from qcal.model.resolve import arch_for
+
+    arch = arch_for(model)
+    names = iter_layer_linears(model, arch, selection)
+    if selection is not None and not names:
+        raise ConfigError("--targets/--ignore leave no linear to quantize; loosen the patterns")
+    conv1d = [n for n in arch.adapted if n in arch.linear_names]
+    kept = [n for i, n in iter_layer_linears(model, arch) if n not in {m for _, m in names}
+            and n.rsplit(f"{i}.", 1)[-1] in conv1d]
+    if kept:
+        # A Conv1D kept float would be saved transposed under its Conv1D name.
+        raise ConfigError(f"{kept[0]} is a Conv1D, which qcal can only store quantized; "
+                          "drop the --targets/--ignore pattern that keeps it float")
+    for _, name in names:
+        linear = get_module(model, name)
+        own = selection.scheme_of(name, scheme) if selection is not None else scheme
+        own.groups_for(linear.in_features, name)
+        # Codes fill whole int32 words: 32/bits of them (3 bits: 32 codes in 3 words).
+        per = 32 // math.gcd(32, own.bits) if own.bits in PACKABLE_BITS else 1
+        for what, size in (("out_features", linear.out_features),
+                           ("in_features", linear.in_features)):
+            if size % per:
+                raise ConfigError(
+                    f"{name} has {what}={size}, not a multiple of {per}; {own.bits}-bit "
+                    "packing needs that (pick another width for it with --scheme-override)"
+                )
 
 
 def check_against_model(shapes: dict[str, tuple[int, int]], selection: ModuleSelection,
@@ -70,7 +107,7 @@ def check_against_model(shapes: dict[str, tuple[int, int]], selection: ModuleSel
         scheme = scheme_for(name, base, selection.schemes)
         rule = next((o for o in selection.schemes if re.match(o.pattern, name)), None)
         if scheme is None or rule is None:
-            continue  # the base scheme is checked against every linear by the pipeline
+            continue  # the base scheme is checked against every linear by validate_scheme
         in_f, out_f = shapes[name]
         per = 32 // math.gcd(32, scheme.bits)
         if in_f % per or out_f % per:

@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qcal.pipeline import OutputPolicy, export_checkpoint
+    from qcal.export import export_checkpoint
+    from qcal.output import OutputPolicy
 
     out = export_checkpoint(args.model, args.output, args.format, OutputPolicy(args.overwrite),
                             command=getattr(args, "command_line", None))

@@ -183,21 +183,21 @@ def make_recipe(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from qcal.model.consistency import refuse_quantized_source
     from qcal.model.loading import resolve_model_dir
-    from qcal.pipeline import OutputPolicy
-    from qcal.recipe import run_recipe
+    from qcal.output import OutputPolicy
+    from qcal.run import run_recipe
 
     if args.show_arch:
         return _show_arch(args)
-    refuse_quantized_source(resolve_model_dir(args.model, args.trust_remote_code))
+    model_dir = resolve_model_dir(args.model, args.trust_remote_code)
+    refuse_quantized_source(model_dir)
     if args.awq_artifact is not None:
         return _replay_awq(args)
     if args.nproc > 1:
         return _launch_torchrun(args)
     recipe = make_recipe(args)
     if recipe.uses_calibration():
-        model_dir = resolve_model_dir(args.model, args.trust_remote_code)
         _warn_long_seqlen(model_dir, args.seqlen)
-        from qcal.pipeline import default_output_dir
+        from qcal.output import default_output_dir
 
         out = args.output or default_output_dir(args.model, recipe.method_name, recipe.scheme)
         args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command "
@@ -302,12 +302,8 @@ def _replay_awq(args: argparse.Namespace) -> int:
     from qcal.errors import ConfigError
     from qcal.methods.awq_runner import load_artifact
     from qcal.model.loading import resolve_model_dir
-    from qcal.pipeline import (
-        OutputPolicy,
-        default_output_dir,
-        guarded_output,
-        replay_awq_model_dir,
-    )
+    from qcal.output import OutputPolicy, default_output_dir, guarded_output
+    from qcal.run import replay_awq_model_dir
 
     if args.method != "awq":
         raise ConfigError("--awq-artifact replays an AWQ search; use it with --method awq")

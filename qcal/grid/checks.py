@@ -65,7 +65,7 @@ def _check_selectors(spec: GridSpec) -> None:
 
 
 def _check_scheme(scheme: QuantScheme, skeleton: nn.Module) -> None:
-    from qcal.pipeline import validate_scheme
+    from qcal.schemes import validate_scheme
 
     validate_scheme(skeleton, scheme)  # the same check `qcal quantize` makes, on shapes only
 

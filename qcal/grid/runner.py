@@ -178,12 +178,11 @@ class GridRunner:
     def prepare_calibration(self, cell: Cell) -> Any:
         """Build (or reuse from the step cache) the calibration set of a calibrated cell."""
         from qcal.model.loading import load_tokenizer, resolve_model_dir
-        from qcal.recipe import calibration_step
+        from qcal.run import calibrate
 
         recipe = self.spec.recipe(cell, self.work_root / "unused", self.device)
-        model_dir = resolve_model_dir(recipe.model)
-        return calibration_step(recipe, load_tokenizer(model_dir), model_dir, self.cache,
-                                resolve_device(self.device))
+        return calibrate(recipe, load_tokenizer(resolve_model_dir(recipe.model)), self.cache,
+                         resolve_device(self.device))
 
     def run_cell(self, cell: Cell) -> dict[str, Any]:
         from qcal.eval.job import run_evaluation
@@ -219,8 +218,8 @@ class GridRunner:
         """The cell's checkpoint through `run_recipe`: reused when this exact recipe made it,
         resumed after a kill, restarted when its resume state is damaged."""
         from qcal.model.sequential import ResumeStateError
-        from qcal.pipeline import OutputPolicy
-        from qcal.recipe import run_recipe
+        from qcal.output import OutputPolicy
+        from qcal.run import run_recipe
 
         try:
             return run_recipe(recipe, cache=self.cache, policy=OutputPolicy(resume=True),

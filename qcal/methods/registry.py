@@ -101,7 +101,7 @@ class QuantMethod:
     needs_calibration: bool
     run: RunFn
     # The method's own quantization_config fields in the GPTQ checkpoint (e.g. desc_act):
-    # the pipeline writes them without knowing any method's settings.
+    # qcal.run writes them without knowing any method's settings.
     checkpoint_fields: Callable[[Any], dict[str, Any]] = no_format_fields
     flags: tuple[MethodFlag, ...] = ()
     # Rules between this method's flags and the other `qcal quantize` options, checked by

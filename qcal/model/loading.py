@@ -154,7 +154,7 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
 def load_model(
     model: str | Path | None = None, dtype: str | torch.dtype | None = None,
     trust_remote_code: bool = False, check: bool = True, stream: bool = False,
-    prelude: bool = True,
+    prelude: bool = True, tokenizer: Any = None,
 ) -> tuple[nn.Module, Any, Path]:
     """(model in eval mode, tokenizer, directory). Quantized checkpoints load as QuantLinear.
 
@@ -162,7 +162,8 @@ def load_model(
     one clear error instead of a traceback or a silently wrong result. `stream` (float
     models only) returns a skeleton whose decoder layers stay on the meta device, to be
     read from the files one at a time (qcal.model.stream); `prelude=False` leaves the
-    embeddings on meta too (for methods that run no forward pass)."""
+    embeddings on meta too (for methods that run no forward pass). `tokenizer`: one the
+    caller already loaded from this directory, used instead of reading it again."""
     from transformers import AutoModelForCausalLM
 
     from qcal.model import consistency
@@ -196,6 +197,7 @@ def load_model(
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelNotFoundError(f"cannot load the model in {path}: {first[:300]}") from None
     net.eval()
-    tokenizer = load_tokenizer(path, trust_remote_code)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(path, trust_remote_code)
     consistency.check_tokenizer_fits(net, tokenizer, path)
     return net, tokenizer, path

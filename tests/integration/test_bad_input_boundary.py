@@ -64,13 +64,13 @@ def test_report_on_a_missing_run_dir(cli: Cli, home: Path, tmp_path: Path) -> No
 
 SLOW_QUANTIZE = textwrap.dedent("""
     import sys, time
-    from qcal import pipeline
+    from qcal import run
 
     def slow(*args, **kwargs):
         print("ready", flush=True)
         time.sleep(120)
 
-    pipeline.quantize_model_dir = slow
+    run.quantize_layers = slow
     from qcal.cli import main
     sys.exit(main(sys.argv[1:]))
 """)

@@ -237,12 +237,12 @@ def test_plain_rerun_after_a_kill_says_how_to_resume(cli: Cli, home: Path) -> No
 
 
 def test_ctrl_c_prints_the_resume_hint(cli: Cli, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qcal import pipeline
+    from qcal import run
 
     def interrupted(*_a, **_k) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "quantize_model_dir", interrupted)
+    monkeypatch.setattr(run, "quantize_layers", interrupted)
     rc, err = cli(*gptq_args(home, home / "ckpt"))
     assert rc == 130 and "--resume" in err
     cli.record("Ctrl-C during GPTQ", tuple(gptq_args(home, home / "ckpt")), rc, err.strip().splitlines()[-1])

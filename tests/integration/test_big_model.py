@@ -113,7 +113,7 @@ def test_quantize_holds_one_float_layer_at_a_time(sharded_model: Path, calib_tex
 def test_streamed_checkpoint_is_byte_identical_to_full_load(sharded_model: Path, tmp_path: Path,
                                                             method: str) -> None:
     from qcal.methods import RunOptions
-    from qcal.pipeline import quantize_model_dir
+    from qcal.run import quantize_model_dir
 
     calib = torch.randint(0, 400, (4, 32), generator=torch.Generator().manual_seed(0))
     calib = None if method in ("rtn", "rtn-mse") else calib

@@ -15,7 +15,7 @@ from qcal.data.corpus import Document, write_jsonl
 from qcal.methods import METHODS
 from qcal.model.loading import load_tokenizer
 from qcal.model.tiny import stdlib_text
-from qcal.pipeline import quantize_model_dir
+from qcal.run import quantize_model_dir
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from qcal.model.loading import load_model
 from qcal.model.tiny import stdlib_text
 from qcal.packing.checkpoint_load import load_checkpoint
 from qcal.packing.qlinear import QuantLinear
-from qcal.pipeline import quantize_model_dir
+from qcal.run import quantize_model_dir
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from qcal.model.resolve import arch_for
 from qcal.model.sequential import ResumeStateError
 from qcal.model.tiny import stdlib_text
 from qcal.packing.checkpoint_load import load_checkpoint
-from qcal.pipeline import quantize_model_dir
 from qcal.quant.hessian import accumulate_hessian
+from qcal.run import quantize_model_dir
 
 pytestmark = pytest.mark.integration
 

@@ -196,12 +196,12 @@ def test_refusals_come_before_any_work(tiny_model_dir: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
                                        extra: list[str], why: str) -> None:
     import qcal.model.loading as loading
-    import qcal.pipeline as pipeline
+    import qcal.run as run
 
     def no_load(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before the refusal")
 
-    for module in (loading, pipeline):
+    for module in (loading, run):
         monkeypatch.setattr(module, "load_model", no_load)
     out = tmp_path / "out"
     capsys.readouterr()

@@ -11,7 +11,7 @@ from qcal_kernels.cpu import cpu_int4_available
 from qcal.config import QuantScheme, RTNConfig
 from qcal.packing.checkpoint import quant_modules
 from qcal.packing.checkpoint_load import load_checkpoint
-from qcal.pipeline import quantize_model_dir
+from qcal.run import quantize_model_dir
 
 pytestmark = [
     pytest.mark.integration,
