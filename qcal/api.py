@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from qcal.config import (
-    CalibConfig,
-    EvalConfig,
     ModuleSelection,
     QuantScheme,
     SchemeOverride,
@@ -31,6 +29,7 @@ from qcal.config import (
 from qcal.config import from_dict as config_from_dict
 from qcal.errors import ConfigError
 from qcal.model.hub import parse_hub_id
+from qcal.run_config import CalibConfig, EvalConfig
 
 CHECKPOINT_ATTR = "qcal_checkpoint"  # set on models qcal returns: the folder they came from
 

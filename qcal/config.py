@@ -15,10 +15,6 @@ from typing import Any, TypeVar
 
 from qcal.errors import ConfigError
 
-# Re-exported: the recipe, the Python API and `qcal quantize` build them beside the configs here.
-from qcal.run_config import CalibConfig as CalibConfig
-from qcal.run_config import EvalConfig as EvalConfig
-
 C = TypeVar("C")
 
 SUPPORTED_BITS = (2, 3, 4, 8)

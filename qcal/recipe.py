@@ -16,8 +16,6 @@ from typing import Any
 
 from qcal.cache import fingerprint
 from qcal.config import (
-    CalibConfig,
-    EvalConfig,
     GPTQConfig,
     ModuleSelection,
     QuantScheme,
@@ -25,6 +23,7 @@ from qcal.config import (
 from qcal.config import from_dict as config_from_dict
 from qcal.config import to_dict as config_to_dict
 from qcal.errors import ConfigError
+from qcal.run_config import CalibConfig, EvalConfig
 
 # A method's config: a frozen dataclass with a `scheme`, registered in the method's own file
 # (qcal.methods); which method runs follows from the config's type.

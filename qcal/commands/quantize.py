@@ -153,10 +153,10 @@ def _group_size(args: argparse.Namespace) -> int:
 
 def make_recipe(args: argparse.Namespace) -> Any:
     """The command line as a QuantRecipe (the one currency from CLI to checkpoint)."""
-    from qcal.config import CalibConfig, EvalConfig
     from qcal.errors import ConfigError
     from qcal.methods import METHODS, all_methods
     from qcal.recipe import QuantRecipe
+    from qcal.run_config import CalibConfig, EvalConfig
 
     method = METHODS.get(args.method)
     if not method.needs_calibration and args.selector is not None:

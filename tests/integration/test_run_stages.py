@@ -40,10 +40,11 @@ def calib_text(tmp_path: Path) -> Path:
 def test_each_stage_calls_down_once(tiny_model_dir: Path, calib_text: Path, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from qcal import run
-    from qcal.config import CalibConfig, GPTQConfig, ModuleSelection, QuantScheme, parse_scheme_override
+    from qcal.config import GPTQConfig, ModuleSelection, QuantScheme, parse_scheme_override
     from qcal.model import loading
     from qcal.output import OutputPolicy
     from qcal.recipe import QuantRecipe
+    from qcal.run_config import CalibConfig
 
     # load_model's own file check compares the files with a pristine skeleton of its own
     # (qcal.model.consistency); the stages share one, adapted in place by arch_for.
