@@ -18,6 +18,7 @@ subprocesses, the load average, provenance.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -134,6 +135,24 @@ def _rss(process: Any) -> int:
         return int(process.memory_info().rss)
     except Exception:  # gone between the listing and the read
         return 0
+
+
+def benchmark_json(study: str, stem: str, script: str, grids: list[Path],
+                   out: Path | None) -> tuple[Path, Any]:
+    """For `qcal report --study STUDY` of a benchmark: the results stem (`out`, else
+    results/STEM) and the JSON the benchmark `script` wrote there. Refused in one line when
+    grids are given (a benchmark's page reads none) or the JSON is missing."""
+    from qcal.errors import ConfigError
+    from qcal.paths import results_dir
+
+    if grids:
+        raise ConfigError(f"--study {study} reads no grid: it re-renders the JSON that "
+                          f"{script} wrote (--out names it)")
+    out = out or results_dir() / stem
+    source = out.with_suffix(".json")
+    if not source.is_file():
+        raise ConfigError(f"{source} does not exist; run {script} first")
+    return out, json.loads(source.read_text())
 
 
 def failed(saved: Any) -> bool:

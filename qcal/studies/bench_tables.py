@@ -11,7 +11,6 @@ can be written again without rerunning the measurement):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,18 +189,10 @@ def render_interop(table: dict[str, Any]) -> str:
 
 
 def _rerender(name: str, stem: str, render: Callable[[dict[str, Any]], str],
-              grids: list[Path], out: Path | None) -> None:
-    from qcal.errors import ConfigError
-    from qcal.paths import results_dir
+              grids: list[Path], out: Path | None, script: str | None = None) -> None:
+    from qcal.studies.bench import benchmark_json
 
-    if grids:
-        raise ConfigError(f"--study {name} reads no grid: it re-renders a benchmark's JSON "
-                          "(--out names it)")
-    out = out or results_dir() / stem
-    source = out.with_suffix(".json")
-    if not source.is_file():
-        raise ConfigError(f"{source} does not exist; run scripts/bench_{stem}.py first")
-    data = json.loads(source.read_text())
+    out, data = benchmark_json(name, stem, script or f"scripts/bench_{stem}.py", grids, out)
     write_results(out, data, render(data))
     print(f"wrote {out}.md")
 
@@ -227,4 +218,4 @@ def selectors_study(grids: list[Path], out: Path | None = None) -> None:
 
 
 def interop_study(grids: list[Path], out: Path | None = None) -> None:
-    _rerender("interop", "interop", render_interop, grids, out)
+    _rerender("interop", "interop", render_interop, grids, out, "scripts/interop_matrix.py")

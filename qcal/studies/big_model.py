@@ -88,14 +88,7 @@ def write(rows: list[dict[str, Any]], stem: Path) -> None:
 
 def render_study(grids: list[Path], out: Path | None = None) -> None:
     """`qcal report --study big-model`: re-render the page from its JSON (it reads no grid)."""
-    from qcal.errors import ConfigError
-    from qcal.paths import results_dir
+    from qcal.studies.bench import benchmark_json
 
-    if grids:
-        raise ConfigError("--study big-model reads no grid: it re-renders the JSON that "
-                          "scripts/bench_big_model.py wrote")
-    out = out or results_dir() / "big_model"
-    if not out.with_suffix(".json").is_file():
-        raise ConfigError(f"{out.with_suffix('.json')} does not exist; run "
-                          "scripts/bench_big_model.py first")
-    out.with_suffix(".md").write_text(render(json.loads(out.with_suffix(".json").read_text())))
+    out, rows = benchmark_json("big-model", "big_model", "scripts/bench_big_model.py", grids, out)
+    out.with_suffix(".md").write_text(render(rows))

@@ -6,7 +6,6 @@ its CPU part here and its GPU part on a lent GPU machine, each with its own prov
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from qcal.results import markdown_table, provenance_markdown, write_results
@@ -99,16 +98,8 @@ def render_gpu(gpu: dict | None) -> list[str]:
 
 
 def render_study(grids: list[Path], out: Path | None = None) -> None:
-    from qcal.errors import ConfigError
-    from qcal.paths import results_dir
+    from qcal.studies.bench import benchmark_json
 
-    if grids:
-        raise ConfigError("--study kernels reads no grid: it re-renders the JSON that "
-                          "scripts/bench_kernels.py wrote (--out names it)")
-    out = out or results_dir() / "kernels"
-    if not out.with_suffix(".json").is_file():
-        raise ConfigError(f"{out.with_suffix('.json')} does not exist; run "
-                          "scripts/bench_kernels.py first")
-    data = json.loads(out.with_suffix(".json").read_text())
+    out, data = benchmark_json("kernels", "kernels", "scripts/bench_kernels.py", grids, out)
     write_results(out, data, render(data))
     print(f"wrote {out}.md")
