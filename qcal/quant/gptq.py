@@ -91,7 +91,11 @@ def _few_threads(device: torch.device, in_features: int) -> contextlib.AbstractC
 
 def act_order_perm(hessian: torch.Tensor) -> torch.Tensor:
     """Column visiting order for act-order: descending diag(H), ties by index (stable)."""
-    return torch.argsort(hessian.diagonal(), descending=True, stable=True)
+    return _descending(hessian.diagonal())
+
+
+def _descending(diagonal: torch.Tensor) -> torch.Tensor:
+    return torch.argsort(diagonal, descending=True, stable=True)
 
 
 def gptq_quantize(
@@ -120,9 +124,10 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
     groups = scheme.groups_for(in_f, name)
     g = scheme.effective_group(in_f)
     w = weight.detach().to(torch.float32).clone()
-    h = hessian.detach().to(device=w.device, dtype=torch.float32).clone()
+    # H is the largest matrix here (in_f^2: 822 MB for a 14336-channel input), so it is
+    # copied only where it must change: dead channels, and act-order's permutation.
+    h = hessian.detach().to(device=w.device, dtype=torch.float32)
     dead = dead_columns(h)
-    h[dead, dead] = 1.0  # never seen: any value works, 1 keeps H invertible
     w[:, dead] = 0.0
 
     static: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -130,10 +135,20 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
         pairs = [group_params(w[:, s:s + g], scheme, cfg) for s in range(0, in_f, g)]
         static = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
 
-    perm = act_order_perm(h) if cfg.desc_act else torch.arange(in_f, device=w.device)
     if cfg.desc_act:
+        diag = h.diagonal().clone()
+        diag[dead] = 1.0  # never seen: any value works, 1 keeps H invertible
+        perm = _descending(diag)  # act_order_perm of H with its dead channels fixed
         w = w[:, perm]
-        h = h[perm][:, perm]
+        h = h[perm]
+        h = h[:, perm]
+        dead = dead[perm]
+    else:
+        perm = torch.arange(in_f, device=w.device)
+        if bool(dead.any()):
+            h = h.clone()
+    if bool(dead.any()):
+        h[dead, dead] = 1.0
     upper, damp = inverse_cholesky(h, cfg.damp_percent, name)
     if damp != cfg.damp_percent:
         warnings.warn(f"{name}: the Hessian needed damp_percent={damp:g} (asked "

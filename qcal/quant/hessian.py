@@ -80,15 +80,22 @@ def inverse_cholesky(
         )
     damp = damp_percent
     while True:
+        # Each in^2 matrix is freed as soon as the next exists: at most three live at once
+        # (the caller's H among them).
         damped = hessian.clone()
         damped.diagonal().add_(damp * mean_diag)
         lower, info = torch.linalg.cholesky_ex(damped)
+        del damped
         if int(info) == 0:
             inv = torch.cholesky_inverse(lower)
             del lower
             upper, info = torch.linalg.cholesky_ex(inv, upper=True)
+            del inv
             if int(info) == 0 and bool(torch.isfinite(upper).all()):
                 return upper, damp
+            del upper
+        else:
+            del lower
         if damp * DAMP_GROWTH > max_damp_percent * (1 + 1e-9):
             break
         damp *= DAMP_GROWTH

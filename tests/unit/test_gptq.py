@@ -264,3 +264,18 @@ def test_column_loop_is_bit_identical_to_the_textbook_loop(group: int) -> None:
     cfg = GPTQConfig(QuantScheme(4, group, False), block_size=64)
     upper, _ = inverse_cholesky(h.clone(), cfg.damp_percent)
     assert torch.equal(gptq_quantize(w, h, cfg).codes, _textbook_columns(w, upper, cfg))
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+@pytest.mark.parametrize("dead", [False, True])
+def test_the_callers_hessian_is_left_as_it_was(desc_act: bool, dead: bool) -> None:
+    """GPTQ reads H without copying it where nothing changes (it is the largest matrix of a
+    layer), so it must never write into it: the caller scores the result against it."""
+    x = _inputs(256, 128, correlated=True, seed=5)
+    if dead:
+        x[:, ::9] = 0.0
+    h = _hessian(x)
+    before = h.clone()
+    w = torch.randn(32, 128, generator=torch.Generator().manual_seed(6))
+    gptq_quantize(w, h, GPTQConfig(QuantScheme(4, 32, False), desc_act=desc_act))
+    assert torch.equal(h, before)
