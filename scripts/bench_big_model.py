@@ -31,7 +31,7 @@ from typing import Any
 from qcal.results import git_commit
 from qcal.studies import big_model
 from qcal.studies.bench import watched
-from qcal.studies.peers import WORKER, peer_venv
+from qcal.studies.peers import WORKER_ARGS, peer_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = ROOT / "runs" / "bench_big_model"
@@ -83,7 +83,7 @@ def step_command(shape: str, step: str, eval_of: str = "gptq",
     out = STATE_DIR / f"{shape}-{step}"
     if step.startswith("gptqmodel"):  # stops after `peer_layers` layers (0: all)
         dtype = "bfloat16" if step.endswith("bf16") else "float32"
-        return [str(peer_venv() / "bin" / "python"), str(WORKER),
+        return [str(peer_venv() / "bin" / "python"), *WORKER_ARGS,
                 "gptqmodel", str(src), str(calib_ids(shape)), str(out), f"{out}.json",
                 "--group", "128", "--dtype", dtype, "--max-layers", str(peer_layers)], out
     qcal = [PY, "-m", "qcal"]

@@ -20,6 +20,9 @@ from qcal.paths import qcal_home, runs_dir
 from qcal.studies.bench import timed
 
 WORKER = Path(__file__).with_name("peer_worker.py")
+# How a peer's python runs the worker: -P keeps the worker's own folder off sys.path, where
+# this package's modules (kernels.py, ...) would shadow packages the peers import.
+WORKER_ARGS = ("-P", str(WORKER))
 
 
 def peer_venv() -> Path:
@@ -79,7 +82,7 @@ def peer_run(python: Path, cmd: list[str], result: Path, env: dict[str, str] | N
              ) -> dict[str, Any]:
     # No PYTHONPATH: a checkout on it would put its kernels/ folder where the peer's
     # transformers looks for the `kernels` package (and qcal where the peer needs none).
-    run = timed([str(python), str(WORKER), *cmd], env={**(env or {}), "PYTHONPATH": ""},
+    run = timed([str(python), *WORKER_ARGS, *cmd], env={**(env or {}), "PYTHONPATH": ""},
                 cwd=qcal_home())
     if run["returncode"] == 0:
         run.update(json.loads(result.read_text()))
