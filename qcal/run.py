@@ -159,10 +159,14 @@ def calibrate(recipe: QuantRecipe, tokenizer: Any, cache: StepCache | None = Non
     cfg = recipe.calib
     assert cfg is not None
     options = {"device": device} if cfg.selector.startswith(("perplexity", "ppl")) else {}
-    if cache is None:
+
+    def build() -> Any:
         return resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
                              seed=cfg.seed, selector=cfg.selector, text_field=cfg.text_field,
                              chat=cfg.chat, **options)
+
+    if cache is None:
+        return build()
     info = tokenizer_info(tokenizer)
     # The prefix joins the key only where there is one, so prefix-free keys stay as they were.
     key = fingerprint("calib", cfg, info["fingerprint"], *([info["prefix"]] if "prefix" in info
@@ -172,9 +176,7 @@ def calibrate(recipe: QuantRecipe, tokenizer: Any, cache: StepCache | None = Non
     with exclusive_lock(path.parent / f".{path.name}.lock", wait=True):
         if (path / "manifest.json").is_file():
             return load_calib_set(path)
-        calib = resolve_calib(cfg.source, tokenizer, nsamples=cfg.nsamples, seqlen=cfg.seqlen,
-                              seed=cfg.seed, selector=cfg.selector, text_field=cfg.text_field,
-                              chat=cfg.chat, **options)
+        calib = build()
         save_calib_set(calib, path)
     return calib
 

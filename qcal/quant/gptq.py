@@ -128,6 +128,7 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
     # copied only where it must change: dead channels, and act-order's permutation.
     h = hessian.detach().to(device=w.device, dtype=torch.float32)
     dead = dead_columns(h)
+    any_dead = bool(dead.any())
     w[:, dead] = 0.0
 
     static: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -145,9 +146,9 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
         dead = dead[perm]
     else:
         perm = torch.arange(in_f, device=w.device)
-        if bool(dead.any()):
+        if any_dead:
             h = h.clone()
-    if bool(dead.any()):
+    if any_dead:
         h[dead, dead] = 1.0
     upper, damp = inverse_cholesky(h, cfg.damp_percent, name)
     if damp != cfg.damp_percent:
