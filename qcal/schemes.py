@@ -55,6 +55,12 @@ def linear_shapes(skeleton: nn.Module) -> dict[str, tuple[int, int]]:
             for name in arch.linear_names}
 
 
+def packing_unit(bits: int) -> int:
+    """How many channels a packed dimension must be a multiple of: codes fill whole int32
+    words, 32/bits of them (3 bits: 32 codes in 3 words)."""
+    return 32 // math.gcd(32, bits)
+
+
 def validate_scheme(model: nn.Module, scheme: QuantScheme,
                     selection: ModuleSelection | None = None) -> None:
     """Fail before any work if the scheme cannot serve every quantized linear."""
@@ -79,8 +85,7 @@ def validate_scheme(model: nn.Module, scheme: QuantScheme,
         linear = get_module(model, name)
         own = selection.scheme_of(name, scheme) if selection is not None else scheme
         own.groups_for(linear.in_features, name)
-        # Codes fill whole int32 words: 32/bits of them (3 bits: 32 codes in 3 words).
-        per = 32 // math.gcd(32, own.bits) if own.bits in PACKABLE_BITS else 1
+        per = packing_unit(own.bits) if own.bits in PACKABLE_BITS else 1
         for what, size in (("out_features", linear.out_features),
                            ("in_features", linear.in_features)):
             if size % per:
@@ -109,7 +114,7 @@ def check_against_model(shapes: dict[str, tuple[int, int]], selection: ModuleSel
         if scheme is None or rule is None:
             continue  # the base scheme is checked against every linear by validate_scheme
         in_f, out_f = shapes[name]
-        per = 32 // math.gcd(32, scheme.bits)
+        per = packing_unit(scheme.bits)
         if in_f % per or out_f % per:
             raise ConfigError(f"--scheme-override {rule.spec()!r}: {name} is {out_f}x{in_f}, "
                               f"but {scheme.bits}-bit codes fill int32 words only for sizes "
