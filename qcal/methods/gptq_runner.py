@@ -45,6 +45,10 @@ from qcal.quant.gptq import gptq_quantize
 from qcal.quant.hessian import accumulate_hessian, hessian_loss
 
 CALIB_BATCH = 8
+# A quantized linear with fewer weights than this (64 MiB in float32) keeps its dequantized
+# float weight for the layer's later calibration passes (saves unpacking it at each one);
+# bigger ones (8B-class q/o/MLP) do not: together they would be most of a float layer.
+PRIME_BELOW = 2**24
 
 
 class HessianSink:
@@ -180,7 +184,13 @@ def quantize_layer_gptq(
                     part.codes, part.scales.to(new.scales.dtype) if isinstance(new, QuantLinear)
                     else part.scales, part.zeros, part.g_idx).to(float_weight.dtype)
                 if isinstance(new, QuantLinear):
-                    prime_reference(new, dense)
+                    if float_weight.numel() < PRIME_BELOW:
+                        prime_reference(new, dense)
+                    else:
+                        # issue 36: a float copy per big linear would add up to the layer's
+                        # float weights again while its later Hessians are factorised; it
+                        # dequantizes its codes (the same values) at each later pass instead.
+                        new.cache_dequantized = False
                 part.loss = hessian_loss(float_weight, dense, sink.hessian(name).float())
                 losses[name] = part.loss
                 start += rows

@@ -33,6 +33,8 @@ from qcal.model.stream import (
     ResumeStateError,
     activation_budget,
     free_layer,
+    free_outside,
+    is_streamed,
     layer_file,
     read_layer_state,
     read_state_file,
@@ -176,6 +178,8 @@ def sequential_quantize(
     # The keyword inputs (rotary embeddings, masks; per layer where they differ, as in
     # Gemma3) are cheap to recompute, so resume state stores only the hidden states.
     inputs = capture_layer0_inputs(model, arch, calib_ids, batch_size, device, store_dtype)
+    if weights is not None and work_dir is not None and is_streamed(model):
+        free_outside(model, arch, weights.files)  # the checkpoint reads them from the files
     if hidden is not None:
         if [tuple(h.shape) for h in hidden] != [tuple(h.shape) for h in inputs.hidden]:
             raise ResumeStateError(f"resume state in {work_dir} does not match the calibration "

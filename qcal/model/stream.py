@@ -92,6 +92,28 @@ def outside_layer_names(model: nn.Module, arch: ArchSpec) -> list[str]:
     return [n for n in model.state_dict(keep_vars=True) if not n.startswith(prefix)]
 
 
+def free_outside(model: nn.Module, arch: ArchSpec, on_disk: set[str] | dict[str, Any]) -> int:
+    """Send the parameters outside the decoder layers that the files hold (embeddings, final
+    norm, head) back to meta; returns the bytes freed. Once layer 0's inputs are captured a
+    streamed quantization never runs them again (an 8B embedding is 0.8 GB in float32), and
+    the checkpoint reads them from the files. Tied parameters go together."""
+    prefix = arch.layers_path + "."
+    params = dict(model.named_parameters(remove_duplicate=False))
+    drop = {id(p) for n, p in params.items()
+            if not n.startswith(prefix) and n in on_disk and not p.is_meta}
+    freed = sum(p.numel() * p.element_size() for p in {id(p): p for p in params.values()
+                                                       if id(p) in drop}.values())
+    metas: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for leaf, p in list(module._parameters.items()):
+            if p is not None and id(p) in drop:
+                if id(p) not in metas:
+                    metas[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"),
+                                                requires_grad=p.requires_grad)
+                module._parameters[leaf] = metas[id(p)]
+    return freed
+
+
 def free_layer(layers: nn.ModuleList, index: int) -> None:
     """Send a finished layer's tensors back to meta (its module types, e.g. QuantLinear, stay)."""
     layers[index] = layers[index].to("meta")
