@@ -279,3 +279,30 @@ def test_the_callers_hessian_is_left_as_it_was(desc_act: bool, dead: bool) -> No
     w = torch.randn(32, 128, generator=torch.Generator().manual_seed(6))
     gptq_quantize(w, h, GPTQConfig(QuantScheme(4, 32, False), desc_act=desc_act))
     assert torch.equal(h, before)
+
+
+def _textbook_inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
+    damped = h.clone()
+    damped.diagonal().add_(damp * float(h.diagonal().mean()))
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(damped)),
+                                 upper=True)
+
+
+@pytest.mark.parametrize("indefinite", [False, True])
+def test_in_place_inverse_cholesky_equals_the_textbook_chain(indefinite: bool) -> None:
+    """The factor, inverse and factor run in place on one matrix (issue 36: an 8B down_proj's
+    H is 822 MB); the values must be the three-step chain's, bit for bit, also after a
+    failed attempt left the work matrix half factorised."""
+    h = _hessian(_inputs(512, 192, correlated=True, seed=7))
+    want_damp = 0.01
+    if indefinite:
+        q, _ = torch.linalg.qr(torch.randn(192, 192, generator=torch.Generator().manual_seed(8)))
+        eig = torch.ones(192)
+        eig[0] = -0.05  # 1% damping fails, 10% succeeds
+        h = q @ torch.diag(eig) @ q.T
+        want_damp = 0.1
+    before = h.clone()
+    upper, damp = inverse_cholesky(h, 0.01)
+    assert damp == pytest.approx(want_damp)
+    assert torch.equal(upper, _textbook_inverse_cholesky(before, damp))
+    assert torch.equal(h, before)  # the caller's H is read, never written
