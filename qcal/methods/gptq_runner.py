@@ -206,6 +206,8 @@ def quantize_layer_gptq(
 
 def _rows(result: QuantResult, start: int, stop: int) -> QuantResult:
     """The output rows [start, stop) of a stacked result (scales/zeros are [groups, out])."""
+    if start == 0 and stop == result.codes.shape[0]:
+        return result  # one linear alone: no copy of its codes
     return QuantResult(result.codes[start:stop].contiguous(),
                        result.scales[:, start:stop].contiguous(),
                        result.zeros[:, start:stop].contiguous(), result.g_idx, result.scheme)

@@ -112,4 +112,4 @@ def hessian_loss(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.T
     """tr(D H D^T) / 2 with D = W - Q: with H from `accumulate_hessian`, the mean over
     calibration tokens of the squared output error ||(W - Q) x||^2 (summed over outputs)."""
     d = weight.float() - quantized.float()
-    return float(((d @ hessian) * d).sum()) / 2.0
+    return float((d @ hessian).mul_(d).sum()) / 2.0

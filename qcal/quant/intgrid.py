@@ -89,6 +89,9 @@ def dequantize_grouped(
     q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor
 ) -> torch.Tensor:
     """Float weight [out, in] from codes [out, in], [groups, out] params and g_idx [in]."""
-    s = scales[g_idx.long()].T.float()
-    z = zeros[g_idx.long()].T.float()
-    return s * (q.float() - z)
+    # In place on one [out, in] result, each gathered parameter freed before the next: for
+    # an 8B down_proj every such matrix is 235 MB (the same values as s * (q - z)).
+    index = g_idx.long()
+    out = q.float()
+    out.sub_(zeros.float()[index].T)
+    return out.mul_(scales.float()[index].T)
