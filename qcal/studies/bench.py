@@ -104,30 +104,47 @@ def _watch(proc: subprocess.Popen, deadline: float | None,
            rss_limit_gib: float | None) -> str | None:
     import psutil
 
-    while proc.poll() is None:
-        try:
-            children = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            break
-        rss = sum(_rss(c) for c in children) / 2**30
-        if rss_limit_gib is not None and rss > rss_limit_gib:
-            for child in children:  # no grace period: it is still growing
-                child.kill()
-            proc.wait()
-            return f"stopped (RSS over {rss_limit_gib:g} GiB)"
-        if deadline is not None and time.time() > deadline:
-            for child in children:
-                child.send_signal(signal.SIGINT)
+    try:
+        while proc.poll() is None:
             try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                # Kill the command, not /usr/bin/time: time still reports its peak and CPU time.
-                for child in children:
+                children = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                break
+            rss = sum(_rss(c) for c in children) / 2**30
+            if rss_limit_gib is not None and rss > rss_limit_gib:
+                for child in children:  # no grace period: it is still growing
                     child.kill()
                 proc.wait()
-            return "stopped (time limit)"
-        time.sleep(1)
+                return f"stopped (RSS over {rss_limit_gib:g} GiB)"
+            if deadline is not None and time.time() > deadline:
+                _interrupt(proc)
+                return "stopped (time limit)"
+            time.sleep(1)
+    except KeyboardInterrupt:
+        # An interrupted driver stops its command as a deadline would (a signal sent to the
+        # driver alone would leave the command running, and resume state half written).
+        _interrupt(proc)
+        raise
     return None
+
+
+def _interrupt(proc: subprocess.Popen) -> None:
+    """SIGINT to the command (it finishes its layer and saves its state), killed after 120 s.
+    The command, not /usr/bin/time: time still reports its peak and CPU time."""
+    import psutil
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for child in children:
+        child.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        for child in children:
+            child.kill()
+        proc.wait()
 
 
 def _rss(process: Any) -> int:
