@@ -71,12 +71,14 @@ def validate_scheme(model: nn.Module, scheme: QuantScheme,
     from qcal.model.resolve import arch_for
 
     arch = arch_for(model)
-    names = iter_layer_linears(model, arch, selection)
+    every = iter_layer_linears(model, arch)
+    names = [(i, n) for i, n in every if selection is None or selection.selects(n)]
     if selection is not None and not names:
         raise ConfigError("--targets/--ignore leave no linear to quantize; loosen the patterns")
-    conv1d = [n for n in arch.adapted if n in arch.linear_names]
-    kept = [n for i, n in iter_layer_linears(model, arch) if n not in {m for _, m in names}
-            and n.rsplit(f"{i}.", 1)[-1] in conv1d]
+    conv1d = {n for n in arch.adapted if n in arch.linear_names}
+    # One set, not one per linear: a big MoE model has tens of thousands of expert linears.
+    chosen = {n for _, n in names}
+    kept = [n for i, n in every if n not in chosen and n.rsplit(f"{i}.", 1)[-1] in conv1d]
     if kept:
         # A Conv1D kept float would be saved transposed under its Conv1D name.
         raise ConfigError(f"{kept[0]} is a Conv1D, which qcal can only store quantized; "

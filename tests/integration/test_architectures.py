@@ -328,3 +328,20 @@ def test_disk_names_invert_for_every_family() -> None:
         to_disk, to_memory = disk_namer(*config_names(config)), memory_namer(*config_names(config))
         for key in net.state_dict():
             assert to_memory(to_disk(key)) == key, (family, key, to_disk(key))
+
+
+def test_a_conv1d_kept_float_is_refused_and_the_rest_is_checked(tmp_path: Path) -> None:
+    """GPT-2's Conv1D can only be stored quantized: --ignore that keeps one float is refused in
+    one line, before any work; a selection that quantizes every Conv1D passes."""
+    from qcal.config import ModuleSelection
+    from qcal.errors import ConfigError
+    from qcal.model.loading import load_model
+    from qcal.schemes import validate_scheme
+
+    net, _, _ = load_model(build_tiny_family("gpt2", tmp_path / "gpt2"))
+    scheme = QuantScheme(4, 32)
+    validate_scheme(net, scheme, ModuleSelection(targets=(), ignore=()))
+    with pytest.raises(ConfigError, match=r"transformer\.h\.0\.attn\.c_attn is a Conv1D"):
+        validate_scheme(net, scheme, ModuleSelection(targets=(), ignore=(r".*\.0\.attn\.c_attn",)))
+    with pytest.raises(ConfigError, match="leave no linear to quantize"):
+        validate_scheme(net, scheme, ModuleSelection(targets=("nothing$",), ignore=()))
