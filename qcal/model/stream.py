@@ -92,17 +92,14 @@ def outside_layer_names(model: nn.Module, arch: ArchSpec) -> list[str]:
     return [n for n in model.state_dict(keep_vars=True) if not n.startswith(prefix)]
 
 
-def free_outside(model: nn.Module, arch: ArchSpec, on_disk: set[str] | dict[str, Any]) -> int:
+def free_outside(model: nn.Module, arch: ArchSpec, on_disk: set[str] | dict[str, Any]) -> None:
     """Send the parameters outside the decoder layers that the files hold (embeddings, final
-    norm, head) back to meta; returns the bytes freed. Once layer 0's inputs are captured a
-    streamed quantization never runs them again (an 8B embedding is 0.8 GB in float32), and
-    the checkpoint reads them from the files. Tied parameters go together."""
+    norm, head) back to meta. Once layer 0's inputs are captured a streamed quantization
+    never runs them again (an 8B embedding is 0.8 GB in float32), and the checkpoint reads
+    them from the files. Tied parameters go together."""
     prefix = arch.layers_path + "."
-    params = dict(model.named_parameters(remove_duplicate=False))
-    drop = {id(p) for n, p in params.items()
+    drop = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
             if not n.startswith(prefix) and n in on_disk and not p.is_meta}
-    freed = sum(p.numel() * p.element_size() for p in {id(p): p for p in params.values()
-                                                       if id(p) in drop}.values())
     metas: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for leaf, p in list(module._parameters.items()):
@@ -111,7 +108,6 @@ def free_outside(model: nn.Module, arch: ArchSpec, on_disk: set[str] | dict[str,
                     metas[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"),
                                                 requires_grad=p.requires_grad)
                 module._parameters[leaf] = metas[id(p)]
-    return freed
 
 
 def free_layer(layers: nn.ModuleList, index: int) -> None:
