@@ -158,6 +158,7 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
 
     codes, scales, zeros = _quantize_columns(w, upper, perm, static, scheme, cfg, g)
     del upper, w
+    codes = codes.contiguous()  # only now: the factor and w (in^2 + out x in floats) are gone
 
     if static is not None:
         scale_t, zero_t = static
@@ -183,7 +184,8 @@ def _quantize_columns(
     static: tuple[torch.Tensor, torch.Tensor] | None, scheme: QuantScheme, cfg: GPTQConfig, g: int,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The GPTQ loop over the (permuted) columns of `w`, updated in place; returns the
-    codes in visiting order and the grids of the groups as they were formed."""
+    codes in visiting order (a transposed view) and the grids of the groups as they were
+    formed."""
     out_f, in_f = w.shape
     # The loop works on columns, so it keeps them as contiguous rows (codes and each block
     # transposed): a rank-1 update of a contiguous block runs ~9x faster than of the
@@ -221,4 +223,4 @@ def _quantize_columns(
                 w1_t[i:].sub_(u1[i, i:, None] * err)
                 err1_t[i] = err
         w[:, i2:].sub_(err1_t.T.contiguous() @ upper[i1:i2, i2:])
-    return codes_t.T.contiguous(), scales, zeros
+    return codes_t.T, scales, zeros
