@@ -112,6 +112,7 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         env["GPTQMODEL_CPU_WORKERS"] = "2"
     load_before = os.getloadavg()
     started = time.time()
+    commit = git_commit()  # the code that runs, not whatever is checked out when it ends
     log = STATE_DIR / f"{shape}-{step}{'+resume' if resume else ''}.log"
     run = watched(cmd, log, env=env, cwd=ROOT, rss_limit_gib=rss_limit_gib,
                   deadline=started + timeout_s if timeout_s else None)
@@ -122,7 +123,7 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         "exit": run["stopped"] or run["returncode"],
         "command": " ".join(shown).replace(str(ROOT) + "/", ""),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-        "commit": git_commit(),
+        "commit": commit,
         "load_before": round(load_before[0], 2), "load_after": round(os.getloadavg()[0], 2),
         "wall_s": run["wall_seconds"] or 0.0,
         "peak_rss_gib": round((run["max_rss_mib"] or 0) / 1024, 2),
