@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -148,9 +147,10 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
             row["first_layer_done_s"] = times[0]
             row["s_per_layer_after_first"] = (round(sum(times[1:]) / (len(times) - 1), 1)
                                               if len(times) > 1 else None)
-    if step == "eval" and run["returncode"] == 0:
-        ppl = re.findall(r'"ppl":\s*([0-9.eE+-]+|NaN|Infinity)', log.read_text())
-        row["ppl"] = ppl[0] if ppl else None
+    if step == "eval" and run["returncode"] == 0 and Path(f"{out}.json").is_file():
+        # The result file qcal eval wrote (its log prints a table, not JSON).
+        scores = json.loads(Path(f"{out}.json").read_text()).get("perplexity", {}).get("model", {})
+        row["ppl"] = {lang: s.get("ppl") for lang, s in scores.items()} or None
     return row
 
 

@@ -9,15 +9,16 @@ checked. The layout and the writing side are qcal.packing.checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from qcal_kernels.format import PACKABLE_BITS, pack_cols, pack_rows, unpack_cols
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from qcal_kernels.format import PACKABLE_BITS, pack_cols, pack_transposed, unpack_cols
 from torch import nn
 
 from qcal.errors import CheckpointError, ModelNotFoundError
@@ -26,21 +27,65 @@ from qcal.packing.checkpoint import QUANT_METHODS, QUANT_SUFFIXES, quant_modules
 from qcal.packing.naming import memory_namer
 from qcal.packing.qlinear import QuantLinear
 
+# safetensors' dtype names (its header format) -> torch dtypes.
+_STORED_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                  "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+                  "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    """Where one tensor's bytes lie in a safetensors file."""
+
+    file: Path
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offsets in the file
+    end: int
+
+
+def _index_files(path: Path) -> dict[str, _Stored]:
+    """Stored key -> where its bytes are, from the safetensors headers alone (the format is
+    an 8-byte little-endian header length, a JSON header, then the raw tensors)."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelNotFoundError(f"no *.safetensors file in {path}; re-run `qcal quantize`")
-    state: dict[str, torch.Tensor] = {}
+    where: dict[str, _Stored] = {}
     for f in files:
         try:
-            state.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise CheckpointError(
-                f"checkpoint file {f} is corrupted or truncated ({err}); re-create it with "
-                "`qcal quantize`"
-            ) from None
-    return state
+            size = f.stat().st_size
+            with open(f, "rb") as handle:
+                length = int.from_bytes(handle.read(8), "little")
+                if not 0 < length <= size - 8:
+                    raise ValueError(f"header length {length} does not fit a {size}-byte file")
+                header = json.loads(handle.read(length))
+            for key, entry in header.items():
+                if key == "__metadata__":
+                    continue
+                begin, end = (8 + length + int(o) for o in entry["data_offsets"])
+                dtype, shape = _STORED_DTYPES[entry["dtype"]], tuple(int(d) for d in entry["shape"])
+                if end > size or end - begin != math.prod(shape) * dtype.itemsize:
+                    raise ValueError(f"tensor {key} lies outside the file or has the wrong size")
+                where[key] = _Stored(f, key, dtype, shape, begin, end)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"checkpoint file {f} is corrupted or truncated "
+                                  f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+                                  "re-create it with `qcal quantize`") from None
+    return where
+
+
+def _read(stored: _Stored) -> torch.Tensor:
+    """One tensor, read straight into memory of its own. Not through a mapping of the
+    file (safetensors' own reader): pages read through a mapping count in the process's
+    memory until it closes, so an 805 MB embedding copied out of one was held twice, and
+    copying slices instead left the allocator's heap fragmented by the slices."""
+    raw = np.fromfile(stored.file, dtype=np.uint8, count=stored.end - stored.begin,
+                      offset=stored.begin)
+    if raw.size != stored.end - stored.begin:
+        raise CheckpointError(f"checkpoint file {stored.file} is truncated at tensor "
+                              f"{stored.key}; re-create it with `qcal quantize`")
+    return torch.from_numpy(raw).view(stored.dtype).reshape(stored.shape)
 
 
 def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
@@ -92,10 +137,12 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
                               f"hold {PACKABLE_BITS}-bit weights: fix config.json or re-create it")
     # Original checkpoint names (Mixtral's block_sparse_moe.experts.<i>.w1, ...) -> qcal's.
     to_memory = memory_namer(str(raw.get("model_type", "")), (raw.get("architectures") or [None])[0])
-    state = {to_memory(k): v for k, v in _read_tensors(path).items()}
-    fmt = qcfg.get("checkpoint_format", "gptq")
-    if method != "gptq":
-        state, fmt = _as_gptq_state(state, method, scheme_of), "gptq_v2"
+    where = {to_memory(k): v for k, v in _index_files(path).items()}
+    marker = {"compressed-tensors": ".weight_packed"}.get(method, ".qweight")
+    quant_names = sorted({k[: -len(marker)] for k in where if k.endswith(marker)})
+    fmt = qcfg.get("checkpoint_format", "gptq") if method == "gptq" else "gptq_v2"
+    if fmt not in ("gptq", "gptq_v2"):
+        raise CheckpointError(f"unsupported checkpoint_format {fmt!r} in {path}/config.json")
 
     config = AutoConfig.from_pretrained(str(path), local_files_only=True,
                                         trust_remote_code=trust_remote_code)
@@ -113,35 +160,91 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
                                                  trust_remote_code=trust_remote_code)
     if prepare is not None:
         prepare(model)  # e.g. Conv1D and fused MoE experts as the linears the files name
-
-    quant_names = sorted({k.rsplit(".", 1)[0] for k in state if k.endswith(".qweight")})
+    linears = {}
     for name in quant_names:
         try:
-            linear = get_module(model, name)
+            linears[name] = get_module(model, name)
         except AttributeError:
-            raise CheckpointError(f"checkpoint tensor {name}.qweight names no module") from None
-        scales = state.get(f"{name}.scales")
-        # Keep the file's scale dtype (bf16/fp32 in other formats): a cast could round them.
-        scale_dtype = scales.dtype if scales is not None and scales.is_floating_point() else torch.float16
-        qlayer = QuantLinear(linear.in_features, linear.out_features, *scheme_of(name),
-                             linear.bias is not None, scale_dtype)
+            raise CheckpointError(f"checkpoint tensor {name}{marker} names no module") from None
+    _check_names(model, where, linears, method == "gptq", path)
+    # One module at a time: read, convert to the GPTQ buffers, assign. Memory holds the
+    # model loaded so far plus one module's tensors, never the files' whole contents too.
+    for name, linear in linears.items():
+        own = {k: v for k, v in where.items() if k.startswith(name + ".")}
+        local = {k[len(name) + 1:]: _read(v) for k, v in own.items()}
+        buffers = _gptq_buffers(local, name, method, *scheme_of(name))
+        scales = buffers.get("scales", torch.empty(0, dtype=torch.float16))
+        with torch.device("meta"):  # every buffer is assigned from the file just below
+            qlayer = QuantLinear(linear.in_features, linear.out_features, *scheme_of(name),
+                                 linear.bias is not None, scales.dtype)
+        _assign(qlayer, buffers, f"{name}.", path)
+        if fmt == "gptq":  # v1 stores zero points minus one
+            qlayer.qzeros = pack_cols(unpack_cols(qlayer.qzeros, qlayer.bits) + 1, qlayer.bits)
         set_module(model, name, qlayer)
-        for suffix in QUANT_SUFFIXES:
-            if f"{name}.{suffix}" not in state:
-                raise CheckpointError(
-                    f"checkpoint {path} is missing tensor {name}.{suffix}; re-create it"
-                )
-    _load_strict(model, state, path)
-    if fmt == "gptq":
-        for name in quant_names:
-            layer = get_module(model, name)
-            layer.qzeros.copy_(pack_cols(unpack_cols(layer.qzeros, layer.bits) + 1, layer.bits))
-    elif fmt != "gptq_v2":
-        raise CheckpointError(f"unsupported checkpoint_format {fmt!r} in {path}/config.json")
+    rest: dict[str, dict[str, torch.Tensor]] = {}
+    for key in where:
+        if not any(key.startswith(n + ".") for n in _owners(key, linears)):
+            owner, _, leaf = key.rpartition(".")
+            rest.setdefault(owner, {})[leaf] = key
+    for owner, leaves in rest.items():
+        module = get_module(model, owner) if owner else model
+        _assign(module, {leaf: _read(where[key]) for leaf, key in leaves.items()},
+                f"{owner}." if owner else "", path)
     model.tie_weights()
     model.eval()
     _bound_kernel_caches(model)
     return model
+
+
+def _owners(key: str, linears: dict[str, nn.Module]) -> list[str]:
+    """The quantized module a key belongs to, if any (a prefix of the key, found by walking
+    up its dotted path rather than scanning every module)."""
+    parts = key.split(".")
+    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in linears]
+
+
+def _check_names(model: nn.Module, where: dict[str, Any], linears: dict[str, nn.Module],
+                 gptq_layout: bool, path: Path) -> None:
+    """Missing and unexpected tensors, from the names alone, before any tensor is read."""
+    quant_keys = {f"{n}.{s}" for n, lin in linears.items()
+                  for s in (*QUANT_SUFFIXES, *(("bias",) if lin.bias is not None else ()))}
+    expected = {k for k in model.state_dict() if not _owners(k, linears)} | quant_keys
+    if gptq_layout:  # stored as the buffers are named
+        stored = set(where)
+    else:  # other formats' tensors of a quantized module become its GPTQ buffers
+        stored = {k for k in where if not _owners(k, linears)}
+        for name in linears:
+            stored |= {f"{name}.{s}" for s in QUANT_SUFFIXES}
+            if f"{name}.bias" in where:
+                stored.add(f"{name}.bias")
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    missing = sorted(k for k in expected - stored if not (tied and k == "lm_head.weight"))
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is missing tensor {missing[0]}; re-create it")
+    unexpected = sorted(stored - expected)
+    if unexpected:
+        raise CheckpointError(f"checkpoint {path} has unexpected tensors: {unexpected[:5]}")
+
+
+def _assign(module: nn.Module, tensors: dict[str, torch.Tensor], prefix: str, path: Path) -> None:
+    """Give `module` these tensors (its own parameters and buffers, by leaf name), shapes
+    checked; float tensors take the dtype the module declares."""
+    expected = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+    for leaf, t in tensors.items():
+        ref = expected.get(leaf)
+        if ref is None:
+            raise CheckpointError(f"checkpoint {path} has unexpected tensors: {[prefix + leaf]}")
+        if tuple(t.shape) != tuple(ref.shape):
+            raise CheckpointError(
+                f"checkpoint tensor {prefix}{leaf} has shape {tuple(t.shape)}, expected "
+                f"{tuple(ref.shape)}; the checkpoint does not match its config.json"
+            )
+    module.load_state_dict({leaf: t.to(_float_as(expected[leaf], t))
+                            for leaf, t in tensors.items()}, strict=False, assign=True)
+
+
+def _float_as(ref: torch.Tensor, t: torch.Tensor) -> torch.dtype:
+    return ref.dtype if ref.is_floating_point() else t.dtype
 
 
 def _bound_kernel_caches(model: nn.Module, share: float = 0.25) -> None:
@@ -156,50 +259,26 @@ def _bound_kernel_caches(model: nn.Module, share: float = 0.25) -> None:
             m.cache_dequantized = False
 
 
-def _as_gptq_state(state: dict[str, torch.Tensor], method: str,
-                   scheme_of: Any) -> dict[str, torch.Tensor]:
-    """A compressed-tensors or AWQ state dict rewritten as GPTQ buffers (true zero points)."""
+def _gptq_buffers(local: dict[str, torch.Tensor], name: str, method: str, bits: int,
+                  group_size: int) -> dict[str, torch.Tensor]:
+    """One quantized module's stored tensors (by leaf name) as GPTQ buffers; other formats
+    are rewritten with true zero points."""
+    if method == "gptq":
+        return local
     from qcal.packing import formats
 
-    marker = ".weight_packed" if method == "compressed-tensors" else ".qweight"
-    names = sorted({k[: -len(marker)] for k in state if k.endswith(marker)})
-    out = dict(state)
-    for name in names:
-        bits, group_size = scheme_of(name)
-        try:
-            codes = (formats.ct_codes(state, name, bits, group_size) if method != "awq"
-                     else formats.awq_codes(state, name, bits, group_size))
-        except CheckpointError:
-            raise  # already one line naming the tensor
-        except (KeyError, RuntimeError, ValueError) as err:
-            raise CheckpointError(f"{method} tensors of {name} are incomplete or mis-shaped "
-                                  f"({str(err).splitlines()[0][:120]}); re-create the checkpoint") from None
-        for key in [k for k in state if k.startswith(name + ".") and k != f"{name}.bias"]:
-            out.pop(key)
-        out[f"{name}.qweight"] = pack_rows(codes.codes.T.contiguous().to(torch.int64), bits)
-        out[f"{name}.qzeros"] = pack_cols(codes.zeros.to(torch.int64), bits)
-        out[f"{name}.scales"] = codes.scales
-        out[f"{name}.g_idx"] = codes.g_idx.to(torch.int32)
+    state = {f"{name}.{leaf}": t for leaf, t in local.items()}
+    try:
+        codes = (formats.ct_codes(state, name, bits, group_size) if method != "awq"
+                 else formats.awq_codes(state, name, bits, group_size))
+    except CheckpointError:
+        raise  # already one line naming the tensor
+    except (KeyError, RuntimeError, ValueError) as err:
+        raise CheckpointError(f"{method} tensors of {name} are incomplete or mis-shaped "
+                              f"({str(err).splitlines()[0][:120]}); re-create the checkpoint") from None
+    out = {"qweight": pack_transposed(codes.codes, bits),
+           "qzeros": pack_cols(codes.zeros.to(torch.int64), bits),
+           "scales": codes.scales, "g_idx": codes.g_idx.to(torch.int32)}
+    if "bias" in local:
+        out["bias"] = local["bias"]
     return out
-
-
-def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    expected = model.state_dict()
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    for key, ref in expected.items():
-        if key not in state:
-            if tied and key == "lm_head.weight":
-                continue
-            raise CheckpointError(f"checkpoint {path} is missing tensor {key}; re-create it")
-        if tuple(state[key].shape) != tuple(ref.shape):
-            raise CheckpointError(
-                f"checkpoint tensor {key} has shape {tuple(state[key].shape)}, expected "
-                f"{tuple(ref.shape)}; the checkpoint does not match its config.json"
-            )
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise CheckpointError(f"checkpoint {path} has unexpected tensors: {unexpected[:5]}")
-    # assign: the skeleton's parameters are meta; float tensors take the model's dtype.
-    model.load_state_dict({key: state[key].to(ref.dtype) if ref.is_floating_point() else state[key]
-                           for key, ref in expected.items() if key in state},
-                          strict=False, assign=True)

@@ -54,6 +54,35 @@ def test_round_trip_keeps_every_code(tiny_model_dir: Path, tmp_path: Path, fmt: 
     torch.testing.assert_close(back(PROMPTS).logits, net(PROMPTS).logits, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fmt", ["gptq", "compressed-tensors"])
+@pytest.mark.parametrize("bits", [2, 3, 8])
+def test_round_trip_of_other_widths(tiny_model_dir: Path, tmp_path: Path, fmt: str,
+                                    bits: int) -> None:
+    # 8-bit codes span 0..255: the signed values plus the offset must wrap exactly in a byte.
+    net, tok = _quantized(tiny_model_dir, RTNConfig(QuantScheme(bits, 32, sym=False)))
+    save_checkpoint(net, tmp_path / fmt, tok, sym=False, fmt=fmt)
+    back = load_checkpoint(tmp_path / fmt)
+    _assert_same_codes(net, back)
+    torch.testing.assert_close(back(PROMPTS).logits, net(PROMPTS).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "compressed-tensors"])
+def test_a_loaded_checkpoint_owns_its_tensors(tiny_model_dir: Path, tmp_path: Path,
+                                              fmt: str) -> None:
+    # Read, not mapped: a model that shared pages with its files would change (or crash)
+    # when they are rewritten, and would count the pages it read in memory twice.
+    net, tok = _quantized(tiny_model_dir, RTNConfig(QuantScheme(4, 32, sym=False)))
+    save_checkpoint(net, tmp_path / fmt, tok, sym=False, fmt=fmt)
+    back = load_checkpoint(tmp_path / fmt)
+    before = back(PROMPTS).logits
+    for f in (tmp_path / fmt).glob("*.safetensors"):
+        with open(f, "r+b") as handle:  # same length, every tensor byte zeroed in place
+            length = int.from_bytes(handle.read(8), "little")
+            handle.seek(8 + length)
+            handle.write(bytes(f.stat().st_size - 8 - length))
+    torch.testing.assert_close(back(PROMPTS).logits, before, rtol=0, atol=0)
+
+
 def test_act_order_exports_to_compressed_tensors_but_not_awq(tiny_model_dir: Path,
                                                             tmp_path: Path) -> None:
     from compressed_tensors.quantization import QuantizationConfig
