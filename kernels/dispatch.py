@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 from qcal_kernels.errors import KernelError
 from qcal_kernels.layout import KernelUnsupportedError, check_packed, contiguous_group_size
-from qcal_kernels.reference import dequantize_grouped_fast, dequantize_packed
+from qcal_kernels.reference import dequantize_grouped_weight, dequantize_packed
 
 
 class QuantLinear(Protocol):
@@ -179,12 +179,10 @@ def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
         group = _cached(layer, "group_size", lambda: contiguous_group_size(
             layer.g_idx, layer.scales.shape[0]))
         if group and layer.in_features % group == 0:
-            w = dequantize_grouped_fast(layer.qweight, layer.qzeros, layer.scales, group,
-                                        layer.bits, x.dtype)
-        else:
-            w = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx,
-                                  layer.bits, x.dtype)
-        return w.T.contiguous()
+            return dequantize_grouped_weight(layer.qweight, layer.qzeros, layer.scales, group,
+                                             layer.bits, x.dtype)
+        return dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx,
+                                 layer.bits, x.dtype).T.contiguous()
 
     # A model bigger than memory sets cache_dequantized=False (qcal's load_checkpoint): the
     # float weights of every layer together would be the float model again.

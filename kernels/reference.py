@@ -55,22 +55,29 @@ def int4_matmul_reference(
     return (x.float() @ w).to(x.dtype)
 
 
-def dequantize_grouped_fast(
+def dequantize_grouped_weight(
     qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
     bits: int = 4, dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """`dequantize_packed` for contiguous whole groups of `group_size` rows (no act-order):
-    the same values, without [in, out]-sized gathers of scales and zeros. Codes come out of
-    the int32 words byte by byte (little-endian: code j of a word sits in byte j*bits//8),
-    and scale/zero broadcast over each group's rows."""
+    """`dequantize_packed(...).T.contiguous()`, the float weight [out, in] as a linear takes
+    it, for contiguous whole groups of `group_size` input rows (no act-order): the same
+    values, built in place in that one matrix (no [in, out] copy to transpose, no gathers of
+    scales and zeros; for an 8B model's down_proj 235 MB instead of about 1 GB at once).
+    Codes come out of the int32 words byte by byte (little-endian: code j of a word sits in
+    byte j*bits//8); scale and zero broadcast over each group's columns."""
     k = qweight.shape[0] * 32 // bits
     n = qweight.shape[1]
     if bits != 4 or sys.byteorder != "little" or group_size <= 0 or k % group_size:
         g_idx = torch.arange(k, dtype=torch.int32, device=qweight.device) // max(group_size, 1)
-        return dequantize_packed(qweight, qzeros, scales, g_idx, bits, dtype)
+        return dequantize_packed(qweight, qzeros, scales, g_idx, bits, dtype).T.contiguous()
     raw = qweight.contiguous().view(torch.uint8).view(k // 8, n, 4)
-    codes = torch.stack([raw & 15, raw >> 4], dim=-1)  # [K/8, N, 4 bytes, 2 nibbles]
-    codes = codes.view(k // 8, n, 8).permute(0, 2, 1).reshape(k // group_size, group_size, n)
-    z = _unpack_rows(qzeros.T, bits).T.float().unsqueeze(1)  # [groups, 1, N]
-    s = scales.float().unsqueeze(1)
-    return (s * (codes.float() - z)).reshape(k, n).to(dtype)
+    codes = torch.stack([raw & 15, raw >> 4], dim=-1).view(k // 8, n, 8)  # code 8r+j of column c
+    w = torch.empty(n, k, dtype=torch.float32, device=qweight.device)
+    w.view(n, k // 8, 8).copy_(codes.permute(1, 0, 2))  # cast while transposing
+    del codes
+    groups = w.view(n, k // group_size, group_size)
+    # (code - zero) is exact in float32 and one product rounds: the values of
+    # scales * (codes - zeros), bit for bit, in whichever layout.
+    groups.sub_(_unpack_rows(qzeros.T, bits).float().unsqueeze(2))
+    groups.mul_(scales.float().T.unsqueeze(2))
+    return w.to(dtype)

@@ -71,7 +71,7 @@ def cpu_matmuls(repeats: int) -> list[dict]:
     (bf16, dequantized per call: what a model too big to cache runs), and what qcal's
     dispatch picks for bf16 inputs with no dequantized-weight cache."""
     from qcal_kernels.cpu import cpu_int4_matmul, pack_for_cpu
-    from qcal_kernels.reference import dequantize_grouped_fast
+    from qcal_kernels.reference import dequantize_grouped_weight
 
     rows = []
     layer = random_layer(4096, 4096, 128)
@@ -81,8 +81,8 @@ def cpu_matmuls(repeats: int) -> list[dict]:
     w16 = w32.to(torch.bfloat16)
 
     def dequant_gemm(x: torch.Tensor) -> torch.Tensor:  # float32 GEMM, as the dispatch does
-        w = dequantize_grouped_fast(layer.qweight, layer.qzeros, layer.scales, 128, 4)
-        return torch.nn.functional.linear(x.float(), w.T.contiguous()).to(x.dtype)
+        w = dequantize_grouped_weight(layer.qweight, layer.qzeros, layer.scales, 128, 4)
+        return torch.nn.functional.linear(x.float(), w).to(x.dtype)
 
     for m in MATMUL_TOKENS:
         x32 = torch.randn(m, 4096)

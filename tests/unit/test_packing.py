@@ -107,3 +107,20 @@ def test_three_bit_quant_linear_computes_its_fake_quant() -> None:
     x = torch.randn(5, 128)
     assert layer.kernel_backend(x) == "reference"
     torch.testing.assert_close(layer(x), x @ res.dequantize().T + b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "in_features"),
+                         [(4, 32, 128), (4, 128, 256), (4, -1, 64), (3, 32, 96), (8, 32, 64)])
+def test_grouped_weight_is_the_transposed_reference_bit_for_bit(bits: int, group_size: int,
+                                                                 in_features: int) -> None:
+    from qcal_kernels.reference import dequantize_grouped_weight
+
+    torch.manual_seed(bits)
+    w = torch.randn(64, in_features) * torch.logspace(-2, 1, in_features)  # wide scales
+    result = rtn_quantize(w, QuantScheme(bits, group_size, sym=False))
+    layer = QuantLinear.from_result(result, None)
+    g = in_features if group_size == -1 else group_size
+    fast = dequantize_grouped_weight(layer.qweight, layer.qzeros, layer.scales, g, bits)
+    ref = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, bits).T
+    assert fast.shape == (64, in_features) and fast.is_contiguous()
+    assert torch.equal(fast, ref)
