@@ -62,6 +62,9 @@ CPU_INT4_MAX_TOKENS = 64
 # has a fast float32 GEMM, while bf16/fp16 GEMMs are emulated (10x slower than float32)
 # on CPUs without native bf16 (e.g. AVX2-only), and float32 is the more exact of the two.
 CPU_GEMM_DTYPE = torch.float32
+# Weights per block when a layer without a cached float weight is unpacked for a matmul
+# (16 MB of float32): small next to the layer, big enough for an efficient GEMM.
+UNPACK_BLOCK_WEIGHTS = 1 << 22
 ENV_VAR = "QCAL_KERNEL"
 _log = logging.getLogger(__name__)
 
@@ -170,30 +173,48 @@ def prime_reference(layer: QuantLinear, weight: torch.Tensor) -> None:
     layer._kernel_cache[key] = (_weights_version(layer), weight.detach().contiguous())
 
 
+def _dequantized(layer: QuantLinear, dtype: torch.dtype, start: int = 0,
+                 stop: int | None = None) -> torch.Tensor:
+    """The float weight [stop - start, in] of output rows start..stop (all by default),
+    unpacked from the layer's buffers (its packed columns start..stop)."""
+    stop = layer.out_features if stop is None else stop
+    bits = layer.bits
+    qweight, scales = layer.qweight[:, start:stop], layer.scales[:, start:stop]
+    qzeros = layer.qzeros[:, start * bits // 32: stop * bits // 32]  # packed along outputs
+    group = _cached(layer, "group_size", lambda: contiguous_group_size(
+        layer.g_idx, layer.scales.shape[0]))
+    if group and layer.in_features % group == 0:
+        return dequantize_grouped_weight(qweight, qzeros, scales, group, bits, dtype)
+    return dequantize_packed(qweight, qzeros, scales, layer.g_idx, bits, dtype).T.contiguous()
+
+
+def _linear_in_blocks(layer: QuantLinear, x: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W^T + bias with W unpacked a block of output rows at a time: a layer that keeps
+    no float copy of its weight never holds one whole either (an 8B model's down_proj
+    would be 235 MB of float32 at once). Blocks start at multiples of 32 rows, where
+    every packed width's zero-point words begin."""
+    rows = max(32, UNPACK_BLOCK_WEIGHTS // layer.in_features // 32 * 32)
+    blocks = [torch.nn.functional.linear(
+        x, _dequantized(layer, x.dtype, start, min(start + rows, layer.out_features)),
+        None if bias is None else bias[start:start + rows])
+        for start in range(0, layer.out_features, rows)]
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
+
+
 def _reference(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     out_dtype = x.dtype
     if x.device.type == "cpu" and x.dtype in CPU_AUTO_DTYPES:
         x = x.to(CPU_GEMM_DTYPE)
-
-    def build() -> torch.Tensor:
-        group = _cached(layer, "group_size", lambda: contiguous_group_size(
-            layer.g_idx, layer.scales.shape[0]))
-        if group and layer.in_features % group == 0:
-            return dequantize_grouped_weight(layer.qweight, layer.qzeros, layer.scales, group,
-                                             layer.bits, x.dtype)
-        return dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx,
-                                 layer.bits, x.dtype).T.contiguous()
-
+    bias = None if layer.bias is None else layer.bias.to(x.dtype)
     # A model bigger than memory sets cache_dequantized=False (qcal's load_checkpoint): the
     # float weights of every layer together would be the float model again.
     key = f"ref:{x.dtype}:{x.device}"
     hit = layer._kernel_cache.get(key)
     if not getattr(layer, "cache_dequantized", True) and (hit is None
                                                           or hit[0] != _weights_version(layer)):
-        w = build()
-    else:
-        w = _cached(layer, key, build)
-    bias = None if layer.bias is None else layer.bias.to(x.dtype)
+        return _linear_in_blocks(layer, x, bias).to(out_dtype)
+    w = _cached(layer, key, lambda: _dequantized(layer, x.dtype))
     return torch.nn.functional.linear(x, w, bias).to(out_dtype)
 
 

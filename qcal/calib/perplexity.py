@@ -46,7 +46,7 @@ def sequence_perplexity(model: nn.Module, ids: torch.Tensor, attention_mask: tor
     for start in tqdm(range(0, ids.shape[0], batch_size), desc="ppl-score", disable=not progress):
         batch = ids[start:start + batch_size].to(device)
         mask = None if attention_mask is None else attention_mask[start:start + batch_size].to(device)
-        ce = next_token_nll(model(input_ids=batch, attention_mask=mask).logits, batch)
+        ce = next_token_nll(model(input_ids=batch, attention_mask=mask, use_cache=False).logits, batch)
         # Only positions whose target is a real token count.
         weight = torch.ones_like(ce) if mask is None else mask[:, 1:].to(ce.dtype)
         counts = weight.sum(dim=1)

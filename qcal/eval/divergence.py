@@ -67,7 +67,7 @@ class DriftOnText:
 
 @torch.no_grad()
 def _logprobs(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=batch).logits
+    logits = model(input_ids=batch, use_cache=False).logits
     return F.log_softmax(logits.float(), dim=-1)
 
 

@@ -103,7 +103,7 @@ def with_prefix(window: torch.Tensor, prefix: Sequence[int]) -> torch.Tensor:
 @torch.no_grad()
 def window_nll(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Per-token NLL [B, L-1] of predicting batch[:, 1:] from the prefix."""
-    return next_token_nll(model(input_ids=batch).logits, batch)
+    return next_token_nll(model(input_ids=batch, use_cache=False).logits, batch)
 
 
 def perplexity_of_ids(

@@ -124,3 +124,32 @@ def test_grouped_weight_is_the_transposed_reference_bit_for_bit(bits: int, group
     ref = dequantize_packed(layer.qweight, layer.qzeros, layer.scales, layer.g_idx, bits).T
     assert fast.shape == (64, in_features) and fast.is_contiguous()
     assert torch.equal(fast, ref)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "act_order"),
+                         [(4, 32, False), (4, 32, True), (3, 32, False), (8, -1, False)])
+def test_a_layer_without_its_float_weight_unpacks_it_in_blocks(
+        bits: int, group_size: int, act_order: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import qcal_kernels.dispatch as dispatch
+
+    torch.manual_seed(bits)
+    w = torch.randn(160, 128)
+    result = rtn_quantize(w, QuantScheme(bits, group_size, sym=False))
+    layer = QuantLinear.from_result(result, torch.randn(160))
+    if act_order:  # groups no longer contiguous: the gathering reference unpacks each block
+        layer.g_idx.copy_(layer.g_idx[torch.randperm(128)])
+    x = torch.randn(3, 7, 128)
+    monkeypatch.setenv("QCAL_KERNEL", "reference")
+    with torch.no_grad():
+        whole = layer(x)
+        layer._kernel_cache.clear()
+        layer.cache_dequantized = False
+        monkeypatch.setattr(dispatch, "UNPACK_BLOCK_WEIGHTS", 64 * 128)  # 64 rows: 3 blocks
+        built: list[tuple[int, int]] = []
+        unpack = dispatch._dequantized
+        monkeypatch.setattr(dispatch, "_dequantized", lambda lay, dt, a=0, b=None: (
+            built.append((a, b)), unpack(lay, dt, a, b))[1])
+        blocks = layer(x)
+    assert built == [(0, 64), (64, 128), (128, 160)]
+    assert not any(key.startswith("ref:") for key in layer._kernel_cache)
+    torch.testing.assert_close(blocks, whole, rtol=1e-6, atol=1e-5)
