@@ -96,8 +96,12 @@ def step_command(shape: str, step: str, eval_of: str = "gptq",
                    "--resume" if resume else "--overwrite", "--keep-work"], out
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+def dir_bytes(path: Path, since: float = 0.0) -> int:
+    """Bytes of the files under `path` written at or after `since` (a stopped run leaves an
+    earlier run's checkpoint in place: it is not this run's output)."""
+    if not path.exists():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.stat().st_mtime >= since)
 
 
 def run_step(shape: str, step: str, timeout_s: float | None = None,
@@ -130,11 +134,11 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
         # user + system: the work done, whatever the load on a shared machine
         "cpu_s": round(user + system, 1) if user is not None and system is not None else None,
         "disk_written_gb": round((run["fs_output_blocks"] or 0) * 512 / 1e9, 2),
-        "output_gb": round(dir_bytes(out) / 1e9, 2),
+        "output_gb": round(dir_bytes(out, since=started) / 1e9, 2),
         **_layer_times(Path(str(out) + ".work"), started),
     }
     qlog = out / "quant_log.json"
-    if qlog.is_file():
+    if qlog.is_file() and qlog.stat().st_mtime >= started:
         seconds = float(json.loads(qlog.read_text())["quantize_seconds"])
         layers = json.loads((model_dir(shape) / "config.json").read_text())["num_hidden_layers"]
         row["quantize_s"] = seconds
