@@ -167,15 +167,16 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     from qcal.model import consistency
-    from qcal.model.heap import fix_mmap_threshold
+    from qcal.model.offload import fix_heap_thresholds
     from qcal.packing.checkpoint import is_quantized_checkpoint
     from qcal.packing.checkpoint_load import load_checkpoint
 
     path = resolve_model_dir(model, trust_remote_code)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     # Every route to a model passes here: from now on big tensors freed go back to the
-    # system (qcal.model.heap), which a layer-by-layer load or quantization relies on.
-    fix_mmap_threshold()
+    # system (qcal.model.offload.return_freed_memory says why), which a layer-by-layer load
+    # or quantization relies on.
+    fix_heap_thresholds()
     if check:
         check_weight_files(path)
         consistency.check_model_files(path, trust_remote_code)  # no random init, sane packing

@@ -1,0 +1,17 @@
+"""qcal.model.offload.fix_heap_thresholds: glibc's thresholds are set where the C library
+is glibc, and nothing is attempted elsewhere."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+
+from qcal.model.offload import fix_heap_thresholds
+
+pytestmark = pytest.mark.unit
+
+
+def test_thresholds_are_set_on_glibc_only() -> None:
+    libc = fix_heap_thresholds()
+    assert (libc is not None) is (platform.libc_ver()[0] == "glibc")
