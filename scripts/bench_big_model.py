@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -224,7 +225,7 @@ def load_state() -> dict[str, dict[str, Any]]:
 def write_results(state: dict[str, dict[str, Any]]) -> None:
     order = ("tiny", "1b", "8b")
     rows = [state[k] for k in sorted(state, key=lambda k: (order.index(k.split("/")[0]),
-                                                           STEPS.index(k.split("/")[1].split("+")[0]),
+                                                           STEPS.index(re.split("[+@]", k.split("/")[1])[0]),
                                                            k))]
     big_model.write(rows, ROOT / "results" / "big_model")
 

@@ -64,7 +64,8 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = [*_INTRO, *map(_row, rows), "", "Commands (paths relative to the checkout):", ""]
     lines += [f"- {r['shape']} {r['step']}: `{r['command']}` (git commit {r.get('commit', '?')})"
               for r in rows]
-    done = {(r["shape"], r["step"]) for r in rows if r["exit"] == 0}
+    # A row kept from an earlier commit is named step@commit (it still counts as done).
+    done = {(r["shape"], r["step"].split("@")[0]) for r in rows if r["exit"] == 0}
     stopped = [f"{r['shape']} {r['step']} ({r.get('layers_done', 0)} layers done)"
                for r in rows if r["exit"] != 0]
     missing = [f"{shape} {step}" for shape, step in PLANNED if (shape, step) not in done
