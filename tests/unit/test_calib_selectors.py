@@ -196,7 +196,8 @@ class _FavoursZero(nn.Module):
         self.vocab = vocab
         self.bias = nn.Parameter(torch.zeros(()))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Any:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                use_cache: bool = True) -> Any:  # as a causal LM takes them
         logits = torch.zeros(*input_ids.shape, self.vocab) + self.bias
         logits[..., 0] = 4.0
         return type("Out", (), {"logits": logits})()

@@ -30,7 +30,7 @@ class Uniform(nn.Module):
         super().__init__()
         self.dummy = nn.Parameter(torch.zeros(1))
 
-    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = True) -> SimpleNamespace:
         return SimpleNamespace(logits=torch.zeros(*input_ids.shape, VOCAB) + self.dummy)
 
 
@@ -41,7 +41,7 @@ class Peaked(nn.Module):
         super().__init__()
         self.bias = nn.Parameter(torch.tensor(bias))
 
-    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = True) -> SimpleNamespace:
         logits = torch.zeros(*input_ids.shape, VOCAB)
         logits[..., 0] = self.bias
         return SimpleNamespace(logits=logits)

@@ -51,7 +51,7 @@ class Recorder(nn.Module):
         self.dummy = nn.Parameter(torch.zeros(1))
         self.seen: list[torch.Tensor] = []
 
-    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = True) -> SimpleNamespace:
         self.seen.append(input_ids.clone())
         return SimpleNamespace(logits=torch.zeros(*input_ids.shape, self.vocab) + self.dummy)
 
