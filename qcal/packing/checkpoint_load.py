@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,11 @@ def _read(stored: _Stored) -> torch.Tensor:
     file (safetensors' own reader): pages read through a mapping count in the process's
     memory until it closes, so an 805 MB embedding copied out of one was held twice, and
     copying slices instead left the allocator's heap fragmented by the slices."""
+    if sys.byteorder != "little":  # the files are little-endian: let safetensors swap bytes
+        from safetensors import safe_open
+
+        with safe_open(str(stored.file), "pt") as handle:
+            return handle.get_tensor(stored.key).clone()
     raw = np.fromfile(stored.file, dtype=np.uint8, count=stored.end - stored.begin,
                       offset=stored.begin)
     if raw.size != stored.end - stored.begin:
