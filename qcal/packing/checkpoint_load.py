@@ -173,40 +173,45 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
         except AttributeError:
             raise CheckpointError(f"checkpoint tensor {name}{marker} names no module") from None
     _check_names(model, where, linears, method == "gptq", path)
+    # The stored tensors by the module that takes them: a quantized linear (by leaf name),
+    # or any other module (parameters and buffers assigned as they are).
+    of_linear: dict[str, dict[str, _Stored]] = {name: {} for name in linears}
+    rest: dict[str, dict[str, _Stored]] = {}
+    for key, stored in where.items():
+        owner = _owner(key, linears)
+        if owner is not None:
+            of_linear[owner][key[len(owner) + 1:]] = stored
+        else:
+            module_name, _, leaf = key.rpartition(".")
+            rest.setdefault(module_name, {})[leaf] = stored
     # One module at a time: read, convert to the GPTQ buffers, assign. Memory holds the
     # model loaded so far plus one module's tensors, never the files' whole contents too.
     for name, linear in linears.items():
-        own = {k: v for k, v in where.items() if k.startswith(name + ".")}
-        local = {k[len(name) + 1:]: _read(v) for k, v in own.items()}
+        local = {leaf: _read(stored) for leaf, stored in of_linear[name].items()}
         buffers = _gptq_buffers(local, name, method, *scheme_of(name))
-        scales = buffers.get("scales", torch.empty(0, dtype=torch.float16))
         with torch.device("meta"):  # every buffer is assigned from the file just below
             qlayer = QuantLinear(linear.in_features, linear.out_features, *scheme_of(name),
-                                 linear.bias is not None, scales.dtype)
+                                 linear.bias is not None, buffers["scales"].dtype)
         _assign(qlayer, buffers, f"{name}.", path)
         if fmt == "gptq":  # v1 stores zero points minus one
             qlayer.qzeros = pack_cols(unpack_cols(qlayer.qzeros, qlayer.bits) + 1, qlayer.bits)
         set_module(model, name, qlayer)
-    rest: dict[str, dict[str, torch.Tensor]] = {}
-    for key in where:
-        if not any(key.startswith(n + ".") for n in _owners(key, linears)):
-            owner, _, leaf = key.rpartition(".")
-            rest.setdefault(owner, {})[leaf] = key
-    for owner, leaves in rest.items():
-        module = get_module(model, owner) if owner else model
-        _assign(module, {leaf: _read(where[key]) for leaf, key in leaves.items()},
-                f"{owner}." if owner else "", path)
+    for module_name, leaves in rest.items():
+        module = get_module(model, module_name) if module_name else model
+        _assign(module, {leaf: _read(stored) for leaf, stored in leaves.items()},
+                f"{module_name}." if module_name else "", path)
     model.tie_weights()
     model.eval()
     _bound_kernel_caches(model)
     return model
 
 
-def _owners(key: str, linears: dict[str, nn.Module]) -> list[str]:
+def _owner(key: str, linears: dict[str, nn.Module]) -> str | None:
     """The quantized module a key belongs to, if any (a prefix of the key, found by walking
     up its dotted path rather than scanning every module)."""
     parts = key.split(".")
-    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in linears]
+    return next((p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in linears),
+                None)
 
 
 def _check_names(model: nn.Module, where: dict[str, Any], linears: dict[str, nn.Module],
@@ -214,11 +219,11 @@ def _check_names(model: nn.Module, where: dict[str, Any], linears: dict[str, nn.
     """Missing and unexpected tensors, from the names alone, before any tensor is read."""
     quant_keys = {f"{n}.{s}" for n, lin in linears.items()
                   for s in (*QUANT_SUFFIXES, *(("bias",) if lin.bias is not None else ()))}
-    expected = {k for k in model.state_dict() if not _owners(k, linears)} | quant_keys
+    expected = {k for k in model.state_dict() if _owner(k, linears) is None} | quant_keys
     if gptq_layout:  # stored as the buffers are named
         stored = set(where)
     else:  # other formats' tensors of a quantized module become its GPTQ buffers
-        stored = {k for k in where if not _owners(k, linears)}
+        stored = {k for k in where if _owner(k, linears) is None}
         for name in linears:
             stored |= {f"{name}.{s}" for s in QUANT_SUFFIXES}
             if f"{name}.bias" in where:
