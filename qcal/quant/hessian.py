@@ -10,6 +10,7 @@ import math
 import torch
 
 from qcal.errors import NumericalError
+from qcal.quant.finite import all_finite
 
 # Each failed Cholesky multiplies damp_percent by this, up to MAX_DAMP_PERCENT
 # (a damp of the full mean diagonal; beyond that GPTQ degenerates towards RTN).
@@ -40,7 +41,7 @@ def accumulate_hessian(
 
 def check_hessian(hessian: torch.Tensor, name: str = "layer") -> None:
     """Raise NumericalError if H holds NaN/Inf (they come from the activations)."""
-    if not bool(torch.isfinite(hessian).all()):
+    if not all_finite(hessian):
         raise NumericalError(
             f"the calibration activations entering {name} contain NaN or Inf; check the model "
             "weights (does the float model produce finite logits?) and the calibration data, "
@@ -92,7 +93,7 @@ def inverse_cholesky(
         if int(info) == 0:
             torch.cholesky_inverse(work, out=work)
             torch.linalg.cholesky_ex(work, upper=True, out=(work, info))
-            if int(info) == 0 and bool(torch.isfinite(work).all()):
+            if int(info) == 0 and all_finite(work):
                 return work, damp
         del work
         if damp * DAMP_GROWTH > max_damp_percent * (1 + 1e-9):
