@@ -142,6 +142,8 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
     if qlog.is_file() and qlog.stat().st_mtime >= started:
         seconds = float(json.loads(qlog.read_text())["quantize_seconds"])
         layers = json.loads((model_dir(shape) / "config.json").read_text())["num_hidden_layers"]
+        # A resumed run quantized only the layers it wrote (the rest came from the work dir).
+        layers = row.get("layers_done", layers) if resume else layers
         row["quantize_s"] = seconds
         row["s_per_layer"] = round(seconds / layers, 2)
     peer_json = Path(f"{out}.json")
@@ -161,8 +163,10 @@ def run_step(shape: str, step: str, timeout_s: float | None = None,
 
 def _layer_times(work: Path, started: float) -> dict[str, Any]:
     """Layers finished and seconds per layer from the work dir's per-layer files (kept when
-    a run is stopped; --keep-work otherwise)."""
-    stamps = sorted(f.stat().st_mtime for f in work.glob("layer_*.safetensors"))
+    a run is stopped; --keep-work otherwise). Only files this run wrote count: a resumed
+    run finds the layers of the run it continues there too."""
+    stamps = sorted(t for t in (f.stat().st_mtime for f in work.glob("layer_*.safetensors"))
+                    if t >= started)
     if not stamps:
         return {}
     out: dict[str, Any] = {"layers_done": len(stamps),
