@@ -14,7 +14,6 @@ callers opt in by passing the directory.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 from pathlib import Path
 
@@ -138,7 +137,9 @@ def fix_heap_thresholds() -> ctypes.CDLL | None:
     checkpoint read module by module does not leave the modules' freed temporaries in a
     fragmented heap either (an 8B checkpoint's 4.98 GiB of tensors took 7.1 GiB without)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # The symbols the process already has (libc among them): ctypes.util.find_library
+        # would run ldconfig in a subprocess at every call, once per layer.
+        libc = ctypes.CDLL(None)
         done = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     except (OSError, AttributeError):
