@@ -51,6 +51,10 @@ from qcal.studies.peers import (
     qcal_run,
 )
 from qcal.studies.peers_report import render_loaders, render_speed
+from qcal.studies.tables import shown
+
+# The project folder: results name paths relative to it.
+PROJECT = Path(__file__).resolve().parent.parent
 
 
 def speed_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: Any) -> None:
@@ -106,7 +110,7 @@ def speed_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: 
             "model_file_mib": round(file_mib, 1),
             "n_layers": json.loads((model_dir / "config.json").read_text())["num_hidden_layers"],
             "provenance": provenance(
-        model=_shown(model_dir), calibration=f"{args.calib}, random selector, {args.nsamples} x "
+        model=shown(model_dir, PROJECT), calibration=f"{args.calib}, random selector, {args.nsamples} x "
         f"{args.seqlen}, seed {args.seed} (digest {digest[:12]}); the same ids for every quantizer",
         evaluation=f"qcal's loader and scorer, all {windows.shape[0]} held-out English windows "
                    "of 512",
@@ -179,7 +183,7 @@ def loaders_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows
                                        "checkpoint_format")}
     fp = steps.run("fp_ppl", lambda: qcal_ppl(model_dir, windows)["ppl"])
     prov = provenance(
-        model=_shown(model_dir), calibration=digest,
+        model=shown(model_dir, PROJECT), calibration=digest,
         calib_setup=f"{args.calib}, selector random, {args.nsamples} x {args.seqlen}, "
                     f"seed {args.seed}",
         evaluation=f"qcal.data.eval_text('en'), {windows.shape[0]} windows of {windows.shape[1]}",
@@ -190,15 +194,6 @@ def loaders_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows
     out = args.out or results_dir() / ("gptq_vs_peer_act" if act else "gptq_vs_peer")
     write_results(out, data, render_loaders(data))
     print(f"wrote {out}.json/.md")
-
-
-def _shown(path: Path) -> str:
-    """A path as results print it: relative to the project when inside it."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        return str(path.resolve().relative_to(root))
-    except ValueError:
-        return str(path)
 
 
 def main() -> int:
