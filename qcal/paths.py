@@ -13,8 +13,10 @@ from pathlib import Path
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 GEMMA3_MODEL_NAME = "gemma-3-270m"  # optional second target (`qcal provision` tries it)
+# Opt-in third target (7.1 GB in float32): built only when named, never by set-up or CI.
+QWEN_CODER_MODEL_NAME = "qwen2.5-coder-1.5b"
 # Folders under models/ that `qcal provision` builds; `--model NAME` accepts these names.
-PROVISIONED_MODELS = (DEFAULT_MODEL_NAME, GEMMA3_MODEL_NAME)
+PROVISIONED_MODELS = (DEFAULT_MODEL_NAME, GEMMA3_MODEL_NAME, QWEN_CODER_MODEL_NAME)
 
 
 def qcal_home() -> Path:

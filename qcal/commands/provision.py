@@ -2,7 +2,8 @@
 qcal's home ($QCAL_HOME or the current directory). Idempotent; `make setup` runs it.
 
 The "model" part builds the default model and tries the optional second target
-(Gemma-3-270M), whose failure is only a warning unless named with `--models`."""
+(Gemma-3-270M), whose failure is only a warning unless named with `--models`; the opt-in
+Qwen2.5-Coder-1.5B-Instruct is built only when named."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def add_parser(sub: Any) -> None:
                    help=f"comma-separated subset of {', '.join(PARTS)} (default: all)")
     p.add_argument("--models", "--model", dest="models", default=None,
                    help="comma-separated models for the model part: smollm2-135m-instruct "
-                        "(default model), gemma-3-270m (optional) or all (default)")
+                        "(default model), gemma-3-270m (optional), qwen2.5-coder-1.5b "
+                        "(opt-in: built only when named) or all (default: all but the "
+                        "opt-in ones)")
     p.add_argument("--force", action="store_true", help="rebuild even if present")
     p.set_defaults(handler=run)
 

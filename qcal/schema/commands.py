@@ -345,6 +345,13 @@ class ProvisionOptions(Options):
             if part not in parts:
                 raise ValueError(f"--only {part!r} is not a part; {did_you_mean(part, parts)}"
                                  "choose from model, data, benchmarks")
+        from qcal.paths import PROVISIONED_MODELS
+
+        for name in (x.strip() for x in (self.models or "").split(",") if x.strip()):
+            if name != "all" and name not in PROVISIONED_MODELS:
+                raise ValueError(f"--models {name!r} is not a model qcal provisions; "
+                                 f"{did_you_mean(name, PROVISIONED_MODELS)}choose from "
+                                 f"{', '.join(PROVISIONED_MODELS)} or all")
         return self
 
 

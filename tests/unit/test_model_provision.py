@@ -103,3 +103,13 @@ def test_short_model_names_resolve_to_models_dir(monkeypatch: pytest.MonkeyPatch
         resolve_model_dir("no-such-model")
     (tmp_path / "tiny").symlink_to(tiny_model_dir, target_is_directory=True)
     assert resolve_model_dir("tiny") == Path("tiny")  # a path here wins over models/
+
+
+def test_every_provisioned_name_has_a_source_and_bad_names_stop_at_the_schema(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from qcal.cli import main
+    from qcal.paths import PROVISIONED_MODELS
+
+    assert tuple(provision.MODELS) == PROVISIONED_MODELS
+    assert main(["provision", "--only", "model", "--models", "qwen2.5-coder"]) == 2
+    assert "did you mean 'qwen2.5-coder-1.5b'" in capsys.readouterr().err
