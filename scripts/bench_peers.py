@@ -17,6 +17,8 @@ result is kept in qcal's step cache under runs/, so an interrupted run resumes.
 
     python scripts/bench_peers.py [--autoawq-layers 3 | --autoawq-full] [--fresh]
     python scripts/bench_peers.py --loaders [--max-windows 16] [--desc-act] [--fresh]
+    python scripts/bench_peers.py --scale --model qwen2.5-coder-1.5b [--layers N]
+        (results/peers_scale[_L<N>].{json,md}: GPTQ and AWQ, qcal vs GPTQModel, at 1.5B)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from qcal.studies.peers import (
     qcal_run,
 )
 from qcal.studies.peers_report import render_loaders, render_speed
+from qcal.studies.peers_scale import scale_suite
 from qcal.studies.tables import shown
 
 # The project folder: results name paths relative to it.
@@ -222,6 +225,11 @@ def main() -> int:
     speed.add_argument("--autoawq-full", action="store_true")
     speed.add_argument("--only", nargs="*", default=None,
                        help="steps to run (qcal-gptq gptqmodel qcal-awq qcal-awq-baseline autoawq)")
+    scale = p.add_argument_group("--scale suite")
+    scale.add_argument("--scale", action="store_true",
+                       help="GPTQ act-order and AWQ, qcal vs GPTQModel (results/peers_scale)")
+    scale.add_argument("--layers", type=int, default=None,
+                       help="time on a copy of the model's first N layers (no perplexity)")
     loaders = p.add_argument_group("--loaders suite")
     loaders.add_argument("--asym", action="store_true", help="asymmetric grid (default symmetric)")
     loaders.add_argument("--desc-act", action="store_true", help="act-order in both quantizers")
@@ -234,7 +242,10 @@ def main() -> int:
     ids = tokenize_text(tok, eval_text("en"))
     n = min(ids.numel() // 512, args.max_windows or ids.numel())
     windows = ids[: n * 512].view(n, 512)
-    (loaders_suite if args.loaders else speed_suite)(args, model_dir, calib, windows)
+    if args.scale:
+        scale_suite(args, model_dir, calib, windows, PROJECT)
+    else:
+        (loaders_suite if args.loaders else speed_suite)(args, model_dir, calib, windows)
     return 0
 
 

@@ -22,10 +22,11 @@ from typing import Any
 
 def gptqmodel(model_dir: str, calib_path: str, out_dir: str, result: str, sym: bool,
               desc_act: bool = False, group: int = 128, dtype: str = "float32",
-              max_layers: int = 0) -> None:
-    """GPTQ with GPTQModel. The result JSON is rewritten after every decoder layer (a run
-    stopped from outside still says how far it got); with `max_layers` N it stops after N
-    layers (GPTQModel's layer callback) and saves nothing."""
+              max_layers: int = 0, method: str = "gptq") -> None:
+    """GPTQ (or, with method "awq", AWQ in its GEMM format) with GPTQModel. The result JSON
+    is rewritten after every decoder layer (a run stopped from outside still says how far it
+    got); with `max_layers` N it stops after N layers (GPTQModel's layer callback) and saves
+    nothing."""
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.looper.module_looper import StopMainLoop
@@ -35,11 +36,14 @@ def gptqmodel(model_dir: str, calib_path: str, out_dir: str, result: str, sym: b
     calib = [{"input_ids": row.tolist(), "attention_mask": [1] * row.numel()} for row in ids]
     # Matched to qcal's settings: plain GPTQ (act-order only when asked), no group-aware
     # reordering (a GPTQModel extension qcal does not have).
-    cfg = QuantizeConfig(bits=4, group_size=group, sym=sym, desc_act=desc_act, act_group_aware=False,
-                         damp_percent=0.01)
-    info: dict[str, Any] = {"config": {"bits": 4, "group_size": group, "sym": sym,
-                                       "desc_act": desc_act, "act_group_aware": False,
-                                       "damp_percent": 0.01, "dtype": dtype},
+    if method == "awq":  # its own AWQ defaults: zero point, GEMM layout
+        settings: dict[str, Any] = {"bits": 4, "group_size": group, "method": "awq",
+                                    "format": "gemm"}
+    else:
+        settings = {"bits": 4, "group_size": group, "sym": sym, "desc_act": desc_act,
+                    "act_group_aware": False, "damp_percent": 0.01}
+    cfg = QuantizeConfig(**settings)
+    info: dict[str, Any] = {"config": {**settings, "dtype": dtype},
                             "finished": False, "layer_seconds": []}
     started = time.perf_counter()
 
@@ -210,10 +214,11 @@ def main() -> None:
     p.add_argument("--desc-act", action="store_true")
     p.add_argument("--max-layers", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--method", choices=("gptq", "awq"), default="gptq")
     args = p.parse_args()
     if args.command == "gptqmodel":
         gptqmodel(*args.paths[:4], sym=args.sym, desc_act=args.desc_act, group=args.group or 128,
-                  dtype=args.dtype, max_layers=args.max_layers)
+                  dtype=args.dtype, max_layers=args.max_layers, method=args.method)
     elif args.command == "autoawq":
         args.model_dir, args.calib, args.out_dir, args.result = args.paths[:4]
         args.group = args.group or 64

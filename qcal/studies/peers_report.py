@@ -179,7 +179,7 @@ def render_loaders(data: dict[str, Any]) -> str:
 
 
 
-def _rerender(name: str, grids: list[Path], out: Path | None,
+def rerender_json(name: str, grids: list[Path], out: Path | None,
               render: Any) -> None:
     from qcal.errors import ConfigError
     from qcal.fsio import atomic_write_text
@@ -197,8 +197,8 @@ def _rerender(name: str, grids: list[Path], out: Path | None,
 
 
 def render_speed_study(grids: list[Path], out: Path | None = None) -> None:
-    _rerender("peers", grids, out, render_speed)
+    rerender_json("peers", grids, out, render_speed)
 
 
 def render_loaders_study(grids: list[Path], out: Path | None = None) -> None:
-    _rerender("gptq-vs-peer", grids, out, render_loaders)
+    rerender_json("gptq-vs-peer", grids, out, render_loaders)

@@ -33,6 +33,7 @@ STUDIES = {
     "interop": "qcal.studies.bench_tables:interop_study",
     "peers": "qcal.studies.peers_report:render_speed_study",  # from scripts/bench_peers.py
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
+    "peers-scale": "qcal.studies.peers_scale:render_scale_study",  # bench_peers.py --scale
 }
 
 

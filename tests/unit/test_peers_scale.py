@@ -1,0 +1,61 @@
+"""The 1.5B peer benchmark's pieces: the truncated copy of a model's first layers, and its
+table (ratios against the goals, failed and missing rows)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from qcal.studies.peers_scale import render_scale
+from qcal.studies.truncate import kept, truncate_model
+
+pytestmark = pytest.mark.unit
+
+
+def test_layer_names_are_kept_by_index() -> None:
+    assert kept("model.layers.0.mlp.down_proj.weight", 1)
+    assert not kept("model.layers.1.mlp.down_proj.weight", 1)
+    assert not kept("model.layers.10.self_attn.q_proj.bias", 2)  # 10 is not 1
+    assert kept("model.embed_tokens.weight", 1) and kept("lm_head.weight", 1)
+
+
+def test_truncated_copy_keeps_real_weights_of_the_first_layers(tiny_model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = truncate_model(tiny_model_dir, 1, tmp_path / "t1")
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1
+    original = load_file(str(tiny_model_dir / "model.safetensors"))
+    cut = load_file(str(out / "model.safetensors"))
+    assert set(cut) == {k for k in original if ".layers.1." not in k}
+    assert all(torch.equal(cut[k], original[k]) for k in cut)
+    net = AutoModelForCausalLM.from_pretrained(str(out))
+    assert len(net.model.layers) == 1
+    assert json.loads((out / "TRUNCATED.json").read_text())["layers_in_model"] == 2
+    with pytest.raises(SystemExit, match="has 2 layers"):
+        truncate_model(tiny_model_dir, 3, tmp_path / "t3")
+
+
+def _run(quantize_s: float, rss_mib: float = 2048.0) -> dict[str, object]:
+    return {"returncode": 0, "wall_seconds": quantize_s + 10, "quantize_seconds": quantize_s,
+            "max_rss_mib": rss_mib, "load_before": [1.0], "load_after": [2.0]}
+
+
+def test_scale_table_states_the_goals_and_failures() -> None:
+    data = {"setting": {"layers": 4}, "n_layers": 4, "model_layers": 28,
+            "provenance": {"model": "models/qwen2.5-coder-1.5b"},
+            "state": {"qcal-gptq": _run(40.0), "gptqmodel-gptq": _run(100.0),
+                      "qcal-awq": _run(80.0),
+                      "gptqmodel-awq": {"returncode": 1, "error_tail": "ValueError: no CPU AWQ\n"
+                                        "Command exited with non-zero status 1"}}}
+    md = render_scale(data)
+    assert "qcal / GPTQModel: 0.40 (goal <= 0.6: met)" in md
+    assert "qcal AWQ / qcal GPTQ quantize time: 2.00 (goal <= 1.5: not met)" in md
+    assert "failed: ValueError: no CPU AWQ |" in md
+    assert "first 4 of its 28 layers" in md
+    assert "| 10.000 |" in md  # qcal GPTQ: 40 s over 4 layers
