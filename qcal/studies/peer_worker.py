@@ -8,6 +8,7 @@ never pickle), every output goes to a JSON file it reads.
     python peer_worker.py autoawq MODEL_DIR CALIB.safetensors OUT_DIR RESULT.json \
         --group 64 [--max-layers N]
     python peer_worker.py ppl|hf-ppl CHECKPOINT_DIR WINDOWS.safetensors RESULT.json
+    python peer_worker.py hf-generate CHECKPOINT_DIR PROMPT.txt RESULT.json
 """
 
 from __future__ import annotations
@@ -204,10 +205,35 @@ def autoawq(args: argparse.Namespace) -> None:
     }, indent=2))
 
 
+def hf_generate(checkpoint: str, prompt_path: str, result: str, new_tokens: int = 96) -> None:
+    """Greedy answer to a chat prompt from the checkpoint as bare transformers loads it
+    (`from_pretrained(path)`, no extra argument; its chat template)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    net = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    loaded = time.perf_counter()
+    messages = [{"role": "user", "content": Path(prompt_path).read_text().strip()}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)["input_ids"]
+    with torch.no_grad():
+        out = net.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+    Path(result).write_text(json.dumps({
+        "prompt": messages[0]["content"],
+        "answer": tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True),
+        "new_tokens": int(out.shape[1] - ids.shape[1]),
+        "load_seconds": round(loaded - started, 1),
+        "generate_seconds": round(time.perf_counter() - loaded, 1),
+        "classes": sorted({type(m).__name__ for m in net.modules()
+                           if "Linear" in type(m).__name__}),
+    }, indent=2))
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=("gptqmodel", "autoawq", "ppl", "hf-ppl"))
+    p.add_argument("command", choices=("gptqmodel", "autoawq", "ppl", "hf-ppl", "hf-generate"))
     p.add_argument("paths", nargs="+")
     p.add_argument("--group", type=int, default=None)
     p.add_argument("--sym", action="store_true")
@@ -223,6 +249,8 @@ def main() -> None:
         args.model_dir, args.calib, args.out_dir, args.result = args.paths[:4]
         args.group = args.group or 64
         autoawq(args)
+    elif args.command == "hf-generate":
+        hf_generate(*args.paths[:3])
     else:
         ppl(*args.paths[:3], loader="transformers" if args.command == "hf-ppl" else "gptqmodel")
 

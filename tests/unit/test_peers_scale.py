@@ -59,3 +59,31 @@ def test_scale_table_states_the_goals_and_failures() -> None:
     assert "failed: ValueError: no CPU AWQ |" in md
     assert "first 4 of its 28 layers" in md
     assert "| 10.000 |" in md  # qcal GPTQ: 40 s over 4 layers
+
+
+def test_paired_accuracy_counts_argmax_against_gold(tmp_path: Path) -> None:
+    from qcal.studies.scale_report import paired_accuracy
+
+    lines = []
+    for i in range(20):  # the base is right on all 20 items, the checkpoint on the first 15
+        lines.append(json.dumps({"task": "t", "doc_id": i, "gold": 1, "base_lls": [-2.0, -1.0],
+                                 "model_lls": [-1.0, -2.0] if i >= 15 else [-3.0, -1.0]}))
+    (tmp_path / "items.jsonl").write_text("\n".join(lines) + "\n")
+    test = paired_accuracy(tmp_path / "items.jsonl")["t"]
+    assert test["mean_b"] == 1.0 and test["mean_a"] == 0.75 and test["units"] == 20
+    assert test["delta"] == -0.25 and test["ci_high"] < 0
+
+
+def test_journey_table_shows_failures_and_the_answer() -> None:
+    from qcal.studies.scale_report import render_journeys
+
+    data = {"model": "qwen2.5-coder-1.5b", "provenance": {"command": "x"}, "evals": {},
+            "state": {"quantize/rtn": {**_run(12.5), "checkpoint_mib": 3000.0},
+                      "ppl/rtn": {"returncode": 1, "error_tail": "qcal eval: error: boom\n"},
+                      "generate/rtn": {**_run(0.0), "prompt": "Reverse a string.",
+                                       "answer": "def rev(s):\n    return s[::-1]",
+                                       "new_tokens": 12, "classes": ["CompressedLinear"]}}}
+    md = render_journeys(data)
+    assert "# Journeys on qwen2.5-coder-1.5b" in md
+    assert "quantize 12.5 s, 3000.0 MiB" in md and "failed: qcal eval: error: boom" in md
+    assert "return s[::-1]" in md and "12 tokens; CompressedLinear" in md

@@ -1,0 +1,130 @@
+"""A user's journeys on a real model, one command each (results/scale_1p5b.{json,md}):
+`qcal quantize` with RTN, GPTQ (act-order) and AWQ at w4 g128 (streamed from the shards),
+`qcal eval --ppl` in three languages against the float model, `qcal eval --tasks ...
+--confidence --base` for accuracy with paired differences, the checkpoint answering a chat
+prompt in bare transformers, and `lm_eval --model hf` loading it. Every command runs as a
+subprocess under `/usr/bin/time -v` (wall, peak RSS, load average), one after the other; each
+finished step is cached under runs/, so a run stopped anywhere resumes.
+
+    python -m qcal.studies.scale_journeys [--model qwen2.5-coder-1.5b] [--steps quantize/rtn,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from qcal.cli import command_prefix
+from qcal.model.loading import resolve_model_dir
+from qcal.paths import qcal_home, results_dir, runs_dir
+from qcal.studies.bench import Steps, provenance, timed, write_results
+from qcal.studies.interop import lm_eval_cli
+from qcal.studies.peers import WORKER_ARGS
+from qcal.studies.scale_report import paired_accuracy, render_journeys
+from qcal.studies.tables import shown
+
+CALIB = ["--calib", "debian-handbook", "--nsamples", "32", "--seqlen", "512", "--seed", "0"]
+# Checkpoint name -> `qcal quantize` flags; the default format (compressed-tensors) throughout.
+QUANTIZE = {
+    "rtn": ["--method", "rtn", "--bits", "4", "--group-size", "128"],
+    "gptq": ["--method", "gptq", "--desc-act", "--bits", "4", "--group-size", "128", *CALIB],
+    "awq": ["--method", "awq", "--bits", "4", "--group-size", "128", *CALIB],
+}
+PPL = ["--ppl", "--langs", "en,de,zh", "--max-windows", "8"]
+TASKS = ["--tasks", "arc_easy,hellaswag,piqa", "--confidence", "--limit", "500"]
+PROMPT = "Write a Python function that reverses a string."
+KINDS = ("quantize", "ppl", "tasks", "generate", "lm-eval")
+
+
+def default_steps() -> list[str]:
+    return [f"{kind}/{name}" for name in QUANTIZE for kind in KINDS]
+
+
+def _qcal(args: list[str]) -> dict[str, Any]:
+    return timed([*command_prefix(), *args], cwd=qcal_home())
+
+
+def _with_json(run: dict[str, Any], stem: Path) -> dict[str, Any]:
+    if run["returncode"] == 0 and stem.with_suffix(".json").is_file():
+        run["result"] = stem.with_suffix(".json").name
+    return run
+
+
+def run_step(step: str, model: Path, work: Path) -> dict[str, Any]:
+    """One journey step; its result names the files it wrote under `work`."""
+    kind, name = step.split("/", 1)
+    ckpt = work / f"{name}-w4g128"
+    if kind == "quantize":
+        run = _qcal(["quantize", "--model", str(model), *QUANTIZE[name], "-o", str(ckpt),
+                     "--overwrite"])
+        if run["returncode"] == 0:
+            log = json.loads((ckpt / "quant_log.json").read_text())
+            run["quantize_seconds"] = log["quantize_seconds"]
+            run["checkpoint_mib"] = round(sum(f.stat().st_size for f in ckpt.glob(
+                "*.safetensors")) / 2**20, 1)
+        return run
+    if not (ckpt / "config.json").is_file():
+        return {"returncode": 1, "error_tail": f"no checkpoint {ckpt.name}: run quantize/{name}"}
+    if kind in ("ppl", "tasks"):
+        stem = work / f"eval-{kind}-{name}"
+        flags = PPL if kind == "ppl" else TASKS
+        return _with_json(_qcal(["eval", "--model", str(ckpt), "--base", str(model), *flags,
+                                 "-o", str(stem), "--overwrite"]), stem)
+    if kind == "generate":
+        prompt, result = work / "prompt.txt", work / f"generate-{name}.json"
+        prompt.write_text(PROMPT + "\n")
+        # The project's python, but the worker imports no qcal: bare transformers loads it.
+        run = timed([sys.executable, *WORKER_ARGS, "hf-generate", str(ckpt), str(prompt),
+                     str(result)], env={"PYTHONPATH": ""}, cwd=qcal_home())
+        if run["returncode"] == 0:
+            run.update(json.loads(result.read_text()))
+        return run
+    if kind == "lm-eval":
+        try:
+            return {"returncode": 0, **lm_eval_cli(ckpt, work)}
+        except RuntimeError as err:
+            return {"returncode": 1, "error_tail": str(err)}
+    raise SystemExit(f"unknown step {step!r}; kinds: {', '.join(KINDS)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--steps", default=None,
+                   help="comma-separated KIND/NAME steps (default: all, in order: "
+                        f"{', '.join(KINDS)} for each of {', '.join(QUANTIZE)})")
+    p.add_argument("--out", type=Path, default=None, help="results stem")
+    p.add_argument("--fresh", action="store_true", help="discard cached steps")
+    args = p.parse_args(argv)
+    model = resolve_model_dir(args.model)
+    steps = args.steps.split(",") if args.steps else default_steps()
+    bad = [s for s in steps if s.split("/")[0] not in KINDS or s.split("/")[-1] not in QUANTIZE]
+    if bad:
+        raise SystemExit(f"unknown steps {bad}; use KIND/NAME with KIND in {KINDS} and NAME "
+                         f"in {tuple(QUANTIZE)}")
+    work = runs_dir() / "scale_journeys" / model.name
+    cache = Steps(work, {"model": model.name, "calib": CALIB}, args.fresh)
+    for step in steps:
+        cache.run(step, lambda s=step: run_step(s, model, work))
+    project = qcal_home()
+    done = {k: v for k, v in cache.results.items() if isinstance(v, dict) and v.get("result")}
+    command = " ".join(["python -m qcal.studies.scale_journeys",
+                        *(argv if argv is not None else sys.argv[1:])])
+    data = {"model": model.name, "state": cache.results, "work": shown(work, project),
+            "prompt": PROMPT, "flags": {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS},
+            "evals": {k: json.loads((work / v["result"]).read_text()) for k, v in done.items()},
+            "paired": {k: paired_accuracy(work / f"eval-tasks-{k.split('/')[1]}_items.jsonl")
+                       for k in done if k.startswith("tasks/")},
+            "provenance": provenance(command=command, model=shown(model, project),
+                                     calibration=" ".join(CALIB) + " (random windows)")}
+    out = args.out or results_dir() / "scale_1p5b_journeys"
+    write_results(out, data, render_journeys(data))
+    print(f"wrote {out}.json/.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
