@@ -69,7 +69,9 @@ def gptqmodel(model_dir: str, calib_path: str, out_dir: str, result: str, sym: b
         return StopMainLoop if max_layers and len(info["layer_seconds"]) >= max_layers else None
 
     model.layer_callback = layer_done
-    model.quantize(calib, batch_size=4)
+    # AWQ's automatic kernel choice wants CUDA ("AWQ: CUDA is not available"); its portable
+    # torch kernel runs on the CPU.
+    model.quantize(calib, batch_size=4, **({"backend": "awq_torch"} if method == "awq" else {}))
     info["finished"] = not (max_layers and len(info["layer_seconds"]) >= max_layers)
     quantized = time.perf_counter()
     info["quantize_seconds"] = round(quantized - loaded, 1)

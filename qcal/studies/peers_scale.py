@@ -29,6 +29,7 @@ from qcal.studies.peers import (
     qcal_run,
 )
 from qcal.studies.peers_report import rerender_json
+from qcal.studies.scale_report import cpu_hours
 from qcal.studies.tables import shown
 from qcal.studies.truncate import truncate_model
 
@@ -157,7 +158,8 @@ def render_scale(data: dict[str, Any]) -> str:
     md = ["# qcal vs GPTQModel at 1.5B parameters", "",
           f"Model: {data['provenance'].get('model')}; quantized over {scope}.", "",
           f"Float perplexity on the same windows: {fp:.3f}" if fp else "", "",
-          markdown_table(head, rows), "", *lines, "",
+          markdown_table(head, rows), "", *lines,
+          f"- CPU time of the run: {cpu_hours(st):.2f} CPU hours (user + system).", "",
           "quantize s: the quantize step as each tool logs it (qcal: quant_log.json; GPTQModel: "
           "the worker's timer around `quantize()`), without start-up, model load and save; "
           "process wall s includes them. s / layer: GPTQModel's from its layer callback, "

@@ -36,7 +36,9 @@ QUANTIZE = {
 PPL = ["--ppl", "--langs", "en,de,zh", "--max-windows", "8"]
 TASKS = ["--tasks", "arc_easy,hellaswag,piqa", "--confidence", "--limit", "500"]
 PROMPT = "Write a Python function that reverses a string."
-KINDS = ("quantize", "ppl", "tasks", "generate", "lm-eval")
+KINDS = ("quantize", "ppl", "eval-alone", "tasks", "generate", "lm-eval")
+# The checkpoint alone (no float base beside it): the memory a user's `qcal eval` needs.
+ALONE = ["--ppl", "--langs", "en", "--max-windows", "2"]
 
 
 def default_steps() -> list[str]:
@@ -73,6 +75,10 @@ def run_step(step: str, model: Path, work: Path) -> dict[str, Any]:
         flags = PPL if kind == "ppl" else TASKS
         return _with_json(_qcal(["eval", "--model", str(ckpt), "--base", str(model), *flags,
                                  "-o", str(stem), "--overwrite"]), stem)
+    if kind == "eval-alone":
+        stem = work / f"eval-alone-{name}"
+        return _with_json(_qcal(["eval", "--model", str(ckpt), *ALONE, "-o", str(stem),
+                                 "--overwrite"]), stem)
     if kind == "generate":
         prompt, result = work / "prompt.txt", work / f"generate-{name}.json"
         prompt.write_text(PROMPT + "\n")
@@ -114,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m qcal.studies.scale_journeys",
                         *(argv if argv is not None else sys.argv[1:])])
     data = {"model": model.name, "state": cache.results, "work": shown(work, project),
-            "prompt": PROMPT, "flags": {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS},
+            "prompt": PROMPT, "flags": {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS,
+                                                "eval-alone": ALONE},
             "evals": {k: json.loads((work / v["result"]).read_text()) for k, v in done.items()},
             "paired": {k: paired_accuracy(work / f"eval-tasks-{k.split('/')[1]}_items.jsonl")
                        for k in done if k.startswith("tasks/")},

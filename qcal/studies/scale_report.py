@@ -30,6 +30,12 @@ def paired_accuracy(items: Path) -> dict[str, dict[str, Any]]:
     return {task: paired_mean_test(a, b) for task, (a, b) in sorted(rows.items())}
 
 
+def cpu_hours(state: dict[str, Any]) -> float:
+    """User plus system CPU time of every timed command in a benchmark's state, in hours."""
+    return sum((r.get("user_seconds") or 0) + (r.get("system_seconds") or 0)
+               for r in state.values() if isinstance(r, dict)) / 3600
+
+
 def _journey_row(step: str, run: dict[str, Any]) -> list[Any]:
     ok = run.get("returncode") == 0
     if not ok:
@@ -39,6 +45,8 @@ def _journey_row(step: str, run: dict[str, Any]) -> list[Any]:
         outcome = f"quantize {run.get('quantize_seconds')} s, {run.get('checkpoint_mib')} MiB"
     elif step.startswith("generate/"):
         outcome = f"{run.get('new_tokens')} tokens; {', '.join(run.get('classes', []))}"
+    elif step.startswith("eval-alone/"):
+        outcome = "the checkpoint alone, 2 English windows"
     elif step.startswith("lm-eval/"):
         outcome = f"lm_eval --model hf ran: acc {run.get('lm_eval_acc_5_items')} on 5 items"
     else:
