@@ -34,7 +34,7 @@ STUDIES = {
     "peers": "qcal.studies.peers_report:render_speed_study",  # from scripts/bench_peers.py
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
     "peers-scale": "qcal.studies.peers_scale:render_scale_study",  # bench_peers.py --scale
-    "scale-1p5b-journeys": "qcal.studies.scale_report:render_journeys_study",
+    "scale-1p5b": "qcal.studies.scale_report:render_journeys_study",
 }
 
 

@@ -123,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             "prompt": PROMPT, "flags": {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS,
                                                 "eval-alone": ALONE},
             "evals": {k: json.loads((work / v["result"]).read_text()) for k, v in done.items()},
+            "peer_pages": sorted(p.name for p in results_dir().glob("peers_scale*.md")),
             "paired": {k: paired_accuracy(work / f"eval-tasks-{k.split('/')[1]}_items.jsonl")
                        for k in done if k.startswith("tasks/")},
             "provenance": provenance(command=command, model=shown(model, project),
                                      calibration=" ".join(CALIB) + " (random windows)")}
-    out = args.out or results_dir() / "scale_1p5b_journeys"
+    out = args.out or results_dir() / "scale_1p5b"
     write_results(out, data, render_journeys(data))
     print(f"wrote {out}.json/.md")
     return 0

@@ -1,9 +1,9 @@
 """The journeys table on a real model (qcal.studies.scale_journeys -> results/
-scale_1p5b_journeys.{json,md}): what each command did, perplexity per language against the
+scale_1p5b.{json,md}): what each command did, perplexity per language against the
 float model, task accuracy with paired bootstrap intervals of the difference from float,
 and the checkpoint's answer to a chat prompt in bare transformers.
 
-    qcal report --study scale-journeys [--out results/scale_1p5b_journeys]
+    qcal report --study scale-1p5b [--out results/scale_1p5b]
 """
 
 from __future__ import annotations
@@ -118,6 +118,9 @@ def render_journeys(data: dict[str, Any]) -> str:
         if step.startswith("generate/") and isinstance(run, dict) and run.get("answer"):
             md += [f"## {step}: bare `AutoModelForCausalLM.from_pretrained(path)`, greedy", "",
                    f"Prompt: {run['prompt']}", "", "```", run["answer"].strip(), "```", ""]
+    if data.get("peer_pages"):
+        md += ["## Peers at this size", "", "qcal against GPTQModel on the same calibration ids: "
+               + ", ".join(f"[{p}]({p})" for p in data["peer_pages"]) + ".", ""]
     md += ["## Provenance", "", provenance_markdown(data["provenance"]), "",
            f"Flags: {json.dumps(data.get('flags'))}"]
     return "\n".join(md)
@@ -126,4 +129,4 @@ def render_journeys(data: dict[str, Any]) -> str:
 def render_journeys_study(grids: list[Path], out: Path | None = None) -> None:
     from qcal.studies.peers_report import rerender_json
 
-    rerender_json("scale-1p5b-journeys", grids, out, render_journeys)
+    rerender_json("scale-1p5b", grids, out, render_journeys)
