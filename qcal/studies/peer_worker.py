@@ -9,6 +9,8 @@ never pickle), every output goes to a JSON file it reads.
         --group 64 [--max-layers N]
     python peer_worker.py ppl|hf-ppl CHECKPOINT_DIR WINDOWS.safetensors RESULT.json
     python peer_worker.py hf-generate CHECKPOINT_DIR PROMPT.txt RESULT.json
+    python peer_worker.py llmcompressor MODEL_DIR CALIB.safetensors OUT_DIR RESULT.json \
+        [--desc-act] [--group G]
 """
 
 from __future__ import annotations
@@ -232,10 +234,44 @@ def hf_generate(checkpoint: str, prompt_path: str, result: str, new_tokens: int 
                            if "Linear" in type(m).__name__}),
     }, indent=2))
 
+def llmcompressor_gptq(model_dir: str, calib_path: str, out_dir: str, result: str,
+                       desc_act: bool, group: int) -> None:
+    """GPTQ with llm-compressor's GPTQModifier (oneshot): w4 symmetric, damp 0.01, groups of
+    `group`, act-order as GPTQ's per-column groups ("group") when asked; float32 like qcal."""
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    ids = load_file(calib_path)["ids"]
+    data = Dataset.from_dict({"input_ids": ids.tolist(),
+                              "attention_mask": torch.ones_like(ids).tolist()})
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    loaded = time.perf_counter()
+    scheme = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                 "strategy": "group", "group_size": group,
+                                                 "actorder": "group" if desc_act else None}}
+    recipe = GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"],
+                          dampening_frac=0.01)
+    oneshot(model=model, dataset=data, recipe=recipe, max_seq_length=int(ids.shape[1]),
+            num_calibration_samples=int(ids.shape[0]))
+    quantized = time.perf_counter()
+    model.save_pretrained(out_dir, save_compressed=True)
+    Path(result).write_text(json.dumps({
+        "finished": True, "load_seconds": round(loaded - started, 1),
+        "quantize_seconds": round(quantized - loaded, 1),
+        "save_seconds": round(time.perf_counter() - quantized, 1),
+        "config": {"weights": scheme["weights"], "dampening_frac": 0.01, "dtype": "float32"},
+    }, indent=2))
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=("gptqmodel", "autoawq", "ppl", "hf-ppl", "hf-generate"))
+    p.add_argument("command", choices=("gptqmodel", "autoawq", "ppl", "hf-ppl", "hf-generate",
+                                       "llmcompressor"))
     p.add_argument("paths", nargs="+")
     p.add_argument("--group", type=int, default=None)
     p.add_argument("--sym", action="store_true")
@@ -251,6 +287,8 @@ def main() -> None:
         args.model_dir, args.calib, args.out_dir, args.result = args.paths[:4]
         args.group = args.group or 64
         autoawq(args)
+    elif args.command == "llmcompressor":
+        llmcompressor_gptq(*args.paths[:4], desc_act=args.desc_act, group=args.group or 128)
     elif args.command == "hf-generate":
         hf_generate(*args.paths[:3])
     else:

@@ -33,6 +33,10 @@ def peer_venv() -> Path:
 # The last commit before the AWQ speed work (Gram loss for lone linears, token budget).
 BASELINE_REV = "4112516"
 AUTOAWQ_PINS = ["torch==2.13.0", "transformers==4.51.3", "autoawq==0.2.9"]
+LLMCOMPRESSOR_PINS = ["torch==2.13.0", "llmcompressor==0.14.0.1"]
+LLMCOMPRESSOR_PROBE = ("import llmcompressor, compressed_tensors, transformers; print("
+                       "'llm-compressor', llmcompressor.__version__, 'compressed-tensors', "
+                       "compressed_tensors.__version__, 'transformers', transformers.__version__)")
 GPTQMODEL_PROBE = ("import gptqmodel, optimum.version as o, torch, transformers; "
                    "print(f'gptqmodel {gptqmodel.__version__}, optimum {o.__version__}, "
                    "torch {torch.__version__}, transformers {transformers.__version__}')")
@@ -40,13 +44,22 @@ AUTOAWQ_PROBE = ("import awq, transformers; print('AutoAWQ', awq.__version__, 't
                  "transformers.__version__)")
 
 
-def ensure_autoawq(venv: Path) -> Path:
+def _ensure_venv(venv: Path, module: str, pins: list[str]) -> Path:
+    """A peer's own virtualenv with `pins` installed (built when `module` does not import)."""
     python = venv / "bin" / "python"
-    if not (python.exists() and subprocess.run([str(python), "-c", "import awq"], cwd="/",
+    if not (python.exists() and subprocess.run([str(python), "-c", f"import {module}"], cwd="/",
                                                capture_output=True).returncode == 0):
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", *AUTOAWQ_PINS], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", *pins], check=True)
     return python
+
+
+def ensure_autoawq(venv: Path) -> Path:
+    return _ensure_venv(venv, "awq", AUTOAWQ_PINS)
+
+
+def ensure_llmcompressor(venv: Path) -> Path:
+    return _ensure_venv(venv, "llmcompressor", LLMCOMPRESSOR_PINS)
 
 
 def ensure_gptqmodel(venv: Path) -> Path:

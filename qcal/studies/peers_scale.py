@@ -1,6 +1,6 @@
-"""qcal vs GPTQModel on a real model of 1.5B parameters (scripts/bench_peers.py --scale):
-GPTQ (act-order) and AWQ, each tool on the same calibration ids and settings, one after the
-other in one run. With `--layers N` the quantizers run on a copy of the model's first N
+"""qcal vs GPTQModel and llm-compressor on a real model of 1.5B parameters
+(scripts/bench_peers.py --scale): GPTQ (act-order) and AWQ, each tool on the same
+calibration ids and settings, one after the other in one run. With `--layers N` the quantizers run on a copy of the model's first N
 layers (real weights; qcal.studies.truncate), which times them per layer when whole runs do
 not fit a session; perplexity is then not measured (it would not be the model's). Rows:
 quantize seconds, s/layer, peak RSS, perplexity. Each step is cached, so a run resumes.
@@ -22,7 +22,10 @@ from qcal.results import markdown_table, provenance_markdown
 from qcal.studies.bench import Steps, provenance, write_results
 from qcal.studies.peers import (
     GPTQMODEL_PROBE,
+    LLMCOMPRESSOR_PINS,
+    LLMCOMPRESSOR_PROBE,
     ensure_gptqmodel,
+    ensure_llmcompressor,
     peer_run,
     peer_version,
     qcal_ppl,
@@ -36,6 +39,7 @@ from qcal.studies.truncate import truncate_model
 # (step, tool, method, what the row says about its settings)
 ROWS = (("qcal-gptq", "qcal", "GPTQ", "w4 g128 sym, act-order, damp 0.01, float32"),
         ("gptqmodel-gptq", "GPTQModel", "GPTQ", "same (act_group_aware off)"),
+        ("llmcompressor-gptq", "llm-compressor", "GPTQ", "same (GPTQModifier, actorder group)"),
         ("qcal-awq", "qcal", "AWQ", "w4 g128 asym, qcal's defaults"),
         ("gptqmodel-awq", "GPTQModel", "AWQ", "w4 g128 asym, gemm format, its defaults"))
 
@@ -70,12 +74,20 @@ def scale_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: 
         if not (target / "TRUNCATED.json").is_file():
             truncate_model(model_dir, layers, target)
     save_file({"ids": calib.input_ids.contiguous()}, str(work / "calib.safetensors"))
-    python = ensure_gptqmodel(args.peer_venv) if args.only is None or any(
-        s.startswith("gptqmodel") for s in args.only) else None
+    def wanted(prefix: str) -> bool:
+        return args.only is None or any(s.startswith(prefix) for s in args.only)
+
+    python = ensure_gptqmodel(args.peer_venv) if wanted("gptqmodel") else None
+    llmc = ensure_llmcompressor(runs_dir() / "llmc-venv") if wanted("llmcompressor") else None
     for step, tool, _, _ in ROWS:
         out = work / step
         if tool == "qcal":
             steps.run(step, lambda s=step, o=out: qcal_run(o, _qcal_flags(s, target, args), digest))
+        elif tool == "llm-compressor":
+            steps.run(step, lambda s=step, o=out: peer_run(
+                llmc, ["llmcompressor", str(target), str(work / "calib.safetensors"), str(o),
+                       str(work / f"{s}.json"), "--desc-act", "--group", "128"],
+                work / f"{s}.json"))
         else:
             steps.run(step, lambda s=step, o=out: peer_run(
                 python, ["gptqmodel", str(target), str(work / "calib.safetensors"), str(o),
@@ -101,9 +113,11 @@ def scale_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: 
                 evaluation="none (a truncated model's perplexity is not the model's)" if layers
                 else f"qcal's loader and scorer, {windows.shape[0]} held-out English windows of "
                      f"{windows.shape[1]}",
-                peers=peer_version(python, GPTQMODEL_PROBE, "GPTQModel"),
-                peer_install="scripts/setup_peer_venv.sh (GPTQModel 7.6.0, torch 2.13.0 CPU); "
-                             "GPTQMODEL_CPU_WORKERS=2")}
+                peers="; ".join([peer_version(python, GPTQMODEL_PROBE, "GPTQModel"),
+                                 peer_version(llmc, LLMCOMPRESSOR_PROBE, "llm-compressor")]),
+                peer_install="scripts/setup_peer_venv.sh (GPTQModel 7.6.0, torch 2.13.0 CPU; "
+                             "GPTQMODEL_CPU_WORKERS=2); python -m venv runs/llmc-venv && pip "
+                             f"install {' '.join(LLMCOMPRESSOR_PINS)}")}
     out = args.out or results_dir() / ("peers_scale" + (f"_L{layers}" if layers else ""))
     write_results(out, data, render_scale(data))
     print(f"wrote {out}.json/.md")
@@ -151,11 +165,14 @@ def render_scale(data: dict[str, Any]) -> str:
     if awq is not None:
         lines.append(f"- qcal AWQ / qcal GPTQ quantize time: {awq:.2f} (goal <= 1.5: "
                      f"{'met' if awq <= 1.5 else 'not met'})")
+    llmc = _ratio(st, "qcal-gptq", "llmcompressor-gptq")
+    if llmc is not None:
+        lines.append(f"- GPTQ quantize step, qcal / llm-compressor: {llmc:.2f}")
     theirs = _ratio(st, "qcal-awq", "gptqmodel-awq")
     if theirs is not None:
         lines.append(f"- AWQ quantize step, qcal / GPTQModel: {theirs:.2f}")
     fp = (st.get("ppl/float") or {}).get("ppl")
-    md = ["# qcal vs GPTQModel at 1.5B parameters", "",
+    md = ["# qcal vs GPTQModel and llm-compressor at 1.5B parameters", "",
           f"Model: {data['provenance'].get('model')}; quantized over {scope}.", "",
           f"Float perplexity on the same windows: {fp:.3f}" if fp else "", "",
           markdown_table(head, rows), "", *lines,
