@@ -1,9 +1,10 @@
 """qcal vs GPTQModel and llm-compressor on a real model of 1.5B parameters
 (scripts/bench_peers.py --scale): GPTQ (act-order) and AWQ, each tool on the same
-calibration ids and settings, one after the other in one run. With `--layers N` the quantizers run on a copy of the model's first N
-layers (real weights; qcal.studies.truncate), which times them per layer when whole runs do
-not fit a session; perplexity is then not measured (it would not be the model's). Rows:
-quantize seconds, s/layer, peak RSS, perplexity. Each step is cached, so a run resumes.
+calibration ids and settings, one after the other in one run. With `--layers N` the
+quantizers run on a copy of the model's first N layers (real weights;
+qcal.studies.truncate), which times them per layer when whole runs do not fit a session;
+perplexity is then not measured (it would not be the model's). Rows: quantize seconds,
+s/layer, peak RSS, perplexity. Each step is cached, so a run resumes.
 
     qcal report --study peers-scale [--out results/peers_scale]
 """
