@@ -51,6 +51,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="results stem: writes <stem>.json/.md (+ _reliability.png, _items.jsonl, "
                         "_token_nll.safetensors)")
+    p.add_argument("--scores", type=Path, default=None, metavar="DIR",
+                   help="keep every lm-eval request's log-likelihood in DIR, one file per "
+                        "model, as it is computed: a stopped run resumes there, and evals of "
+                        "several checkpoints against one --base score the base once")
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing <stem>.json/.md files that qcal did not write")
     p.set_defaults(handler=run)
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = run_evaluation(args.model, cfg, base=args.base, text_file=args.text,
                              include_paths=args.include_path,
                              trust_remote_code=args.trust_remote_code, device=args.device,
-                             backend=args.backend)
+                             backend=args.backend, score_dir=args.scores)
     from qcal.errors import NumericalError
     from qcal.eval.job import non_finite_metrics
 

@@ -145,16 +145,31 @@ def _calibration(cfg: EvalConfig, items: dict[str, dict[str, list[ItemRecord]]],
     return calib, drift
 
 
+def _score_store(score_file: Path | None, score_dir: Path | None, model_dir: Path | None,
+                 net: Any, device: str) -> Any:
+    """The ScoreStore of one model's lm-eval requests (None: scores are not kept)."""
+    if net is None or model_dir is None or (score_file is None and score_dir is None):
+        return None
+    from qcal.eval.score_store import ScoreStore, model_identity
+
+    identity = model_identity(model_dir)
+    path = score_file if score_file is not None else Path(score_dir or ".") / f"{identity}.jsonl"
+    return ScoreStore(path, {"model": identity, "device": str(device),
+                             "dtype": str(next(net.parameters()).dtype)})
+
+
 def run_evaluation(
     model: str | Path | None, cfg: EvalConfig, base: str | Path | None = None,
     text_file: Path | None = None, include_paths: Sequence[Path | str] = (), progress: bool = True,
     trust_remote_code: bool = False, device: str = "auto", backend: str = "hf",
-    score_file: Path | None = None,
+    score_file: Path | None = None, score_dir: Path | None = None,
 ) -> EvalOutcome:
     """Measure `model` (float dir or qcal checkpoint), and its drift from `base` if given.
 
     `score_file` keeps the model's lm-eval scores as they are computed
-    (`qcal.eval.score_store`), so a run interrupted mid-way resumes from there."""
+    (`qcal.eval.score_store`), so a run interrupted mid-way resumes from there;
+    `score_dir` keeps the model's and the base's, each in a file named by its model's
+    fingerprint, so evals of several checkpoints against one base score the base once."""
     from qcal.devices import resolve_device
     from qcal.model.loading import load_model, resolve_model_dir
 
@@ -197,19 +212,14 @@ def run_evaluation(
         lm_metrics: dict[str, dict[str, Any]] = {}
         lm_info: dict[str, Any] = {}
         continuations: dict[str, list[dict[str, Any]]] = {}
-        store = None
-        if score_file is not None:
-            from qcal.eval.score_store import ScoreStore, model_identity
-
-            store = ScoreStore(score_file, {"model": model_identity(model_dir),
-                                            "device": str(device),
-                                            "dtype": str(next(net.parameters()).dtype)})
+        stores = {"model": _score_store(score_file, score_dir, model_dir, net, device),
+                  "base": _score_store(None, score_dir, base_dir, base_net, device)}
         for role, m in (("model", net), ("base", base_net)):
             if m is None:
                 continue
             run = run_tasks(m, tok, tasks, tm, cfg.task_batch_size, cfg.limit, cfg.num_fewshot,
                             desc=role, task_limits=dict(cfg.task_limits),
-                            score_store=store if role == "model" else None)
+                            score_store=stores[role])
             lm_metrics[role], items[role], lm_info = run.metrics, run.items, run.info
             if role == "model":
                 continuations = run.continuations

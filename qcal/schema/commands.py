@@ -198,10 +198,19 @@ class EvalOptions(Options):
     trust_remote_code: Flag = False
     output: Path | None = None
     overwrite: Flag = False
+    scores: Path | None = None
 
     @model_validator(mode="after")
     def _rules(self) -> EvalOptions:
         tasks = plain_list(self.tasks, "task name")
+        if self.scores is not None:
+            if not tasks:
+                raise ValueError("--scores keeps lm-eval log-likelihoods: add --tasks")
+            if self.scores.exists() and not self.scores.is_dir():
+                raise ValueError(f"--scores {self.scores} is a file; name a folder (qcal "
+                                 "creates it and one file per model in it)")
+            if self.backend == "vllm":
+                raise ValueError("--scores works with --backend hf only")
         if self.langs != "all":
             langs = plain_list(self.langs, "language")
             if (self.ppl or not tasks) and self.text is None:

@@ -72,7 +72,9 @@ def run_step(step: str, model: Path, work: Path) -> dict[str, Any]:
         return {"returncode": 1, "error_tail": f"no checkpoint {ckpt.name}: run quantize/{name}"}
     if kind in ("ppl", "tasks"):
         stem = work / f"eval-{kind}-{name}"
-        flags = PPL if kind == "ppl" else TASKS
+        # One score folder for every tasks eval: the float base is scored once, and a run
+        # stopped by the session's end resumes where it stopped.
+        flags = PPL if kind == "ppl" else [*TASKS, "--scores", str(work / "scores")]
         return _with_json(_qcal(["eval", "--model", str(ckpt), "--base", str(model), *flags,
                                  "-o", str(stem), "--overwrite"]), stem)
     if kind == "eval-alone":

@@ -221,3 +221,53 @@ def test_vllm_backend_needs_vllm_and_tasks(tiny_model_dir: Path,
         assert main(["eval", "--model", str(tiny_model_dir), "--backend", "vllm", "--tasks",
                      "qcal_nextsent_en"]) == 2
         assert "needs the vllm package" in capsys.readouterr().err
+
+
+def _store_lines(folder: Path) -> dict[str, int]:
+    return {p.name: len(p.read_text().splitlines()) for p in sorted(folder.glob("*.jsonl"))}
+
+
+def test_scores_resume_and_share_the_base(tiny_model_dir: Path, tiny_rtn: Path, tiny_task: Path,
+                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--scores DIR: a rerun scores nothing again (same numbers), and a second checkpoint
+    against the same base reuses the base's file instead of scoring it anew."""
+    from qcal.eval import harness
+
+    scores = tmp_path / "scores"
+    common = ["--base", str(tiny_model_dir), "--tasks", "tiny_nextsent", "--include-path",
+              str(tiny_task), "--limit", "6", "--scores", str(scores)]
+    assert main(["eval", "--model", str(tiny_rtn), *common, "-o", str(tmp_path / "a")]) == 0
+    first = _store_lines(scores)
+    assert len(first) == 2 and all(n > 1 for n in first.values())  # model and base, scored
+    calls: list[int] = []
+    real = harness.run_tasks
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        store = kwargs.get("score_store")
+        calls.append(len(store.scores) if store is not None else -1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "run_tasks", counting)
+    assert main(["eval", "--model", str(tiny_rtn), *common, "-o", str(tmp_path / "b")]) == 0
+    assert _store_lines(scores) == first  # nothing scored twice
+    assert all(n > 0 for n in calls)  # both roles started from their stored scores
+    a = json.loads((tmp_path / "a.json").read_text())["lm_eval"]["results"]
+    b = json.loads((tmp_path / "b.json").read_text())["lm_eval"]["results"]
+    assert a == b
+
+    other = tmp_path / "rtn-g32"
+    assert main(["quantize", "--model", str(tiny_model_dir), "--method", "rtn",
+                 "--group-size", "32", "-o", str(other)]) == 0
+    assert main(["eval", "--model", str(other), *common, "-o", str(tmp_path / "c")]) == 0
+    third = _store_lines(scores)
+    assert len(third) == 3 and {k: third[k] for k in first} == first  # the base's file is reused
+
+
+def test_scores_needs_tasks_and_a_folder(tiny_model_dir: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--model", str(tiny_model_dir), "--scores", str(tmp_path)]) == 2
+    assert "add --tasks" in capsys.readouterr().err
+    (tmp_path / "f").write_text("x")
+    assert main(["eval", "--model", str(tiny_model_dir), "--tasks", "qcal_nextsent_en",
+                 "--scores", str(tmp_path / "f")]) == 2
+    assert "is a file" in capsys.readouterr().err
