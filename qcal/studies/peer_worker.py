@@ -237,7 +237,8 @@ def hf_generate(checkpoint: str, prompt_path: str, result: str, new_tokens: int 
 def llmcompressor_gptq(model_dir: str, calib_path: str, out_dir: str, result: str,
                        desc_act: bool, group: int) -> None:
     """GPTQ with llm-compressor's GPTQModifier (oneshot): w4 symmetric, damp 0.01, groups of
-    `group`, act-order as GPTQ's per-column groups ("group") when asked; float32 like qcal."""
+    `group`, act-order when asked ("weight": its only act-order left in 0.14, groups fixed
+    before the reordering, as qcal's --static-groups); float32 like qcal."""
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
@@ -253,7 +254,7 @@ def llmcompressor_gptq(model_dir: str, calib_path: str, out_dir: str, result: st
     loaded = time.perf_counter()
     scheme = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True,
                                                  "strategy": "group", "group_size": group,
-                                                 "actorder": "group" if desc_act else None}}
+                                                 "actorder": "weight" if desc_act else None}}
     recipe = GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"],
                           dampening_frac=0.01)
     oneshot(model=model, dataset=data, recipe=recipe, max_seq_length=int(ids.shape[1]),

@@ -40,7 +40,8 @@ from qcal.studies.truncate import truncate_model
 # (step, tool, method, what the row says about its settings)
 ROWS = (("qcal-gptq", "qcal", "GPTQ", "w4 g128 sym, act-order, damp 0.01, float32"),
         ("gptqmodel-gptq", "GPTQModel", "GPTQ", "same (act_group_aware off)"),
-        ("llmcompressor-gptq", "llm-compressor", "GPTQ", "same (GPTQModifier, actorder group)"),
+        ("llmcompressor-gptq", "llm-compressor", "GPTQ",
+         "same, act-order with static groups (actorder weight; 0.14 has no per-column groups)"),
         ("qcal-awq", "qcal", "AWQ", "w4 g128 asym, qcal's defaults"),
         ("gptqmodel-awq", "GPTQModel", "AWQ", "w4 g128 asym, gemm format, its defaults"))
 
@@ -101,7 +102,11 @@ def scale_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: 
             if run and run["returncode"] == 0 and run.get("finished", True):
                 steps.run(f"ppl/{step}", lambda s=step: qcal_ppl(work / s, windows, fail_soft=True))
     config = json.loads((model_dir / "config.json").read_text())
-    data = {"setting": setting, "state": steps.results, "n_layers": layers or
+    # A peer that failed part-way still wrote how far it got (per-layer seconds).
+    partial = {step: json.loads((work / f"{step}.json").read_text()) for step, tool, *_ in ROWS
+               if tool != "qcal" and (work / f"{step}.json").is_file()
+               and (steps.get(step) or {}).get("returncode") not in (0, None)}
+    data = {"setting": setting, "state": steps.results, "partial": partial, "n_layers": layers or
             config["num_hidden_layers"], "model_layers": config["num_hidden_layers"],
             "provenance": provenance(
                 model=shown(model_dir, project) + (f", first {layers} of "
@@ -125,13 +130,19 @@ def scale_suite(args: argparse.Namespace, model_dir: Path, calib: Any, windows: 
 
 
 def _row(step: str, tool: str, method: str, what: str, run: dict[str, Any] | None,
-         ppl: dict[str, Any] | None, n_layers: int) -> list[Any]:
+         ppl: dict[str, Any] | None, n_layers: int, partial: dict[str, Any] | None = None
+         ) -> list[Any]:
     if not run:
         return [tool, method, what, "not run", "", "", "", "", ""]
     if run["returncode"] != 0:
         tail = run.get("error_tail", "").strip().split("Command exited with")[0].strip()
-        return [tool, method, what, "failed: " + (tail.splitlines() or [""])[-1][:160],
-                "", "", "", "", ""]
+        done = (partial or {}).get("layer_seconds") or []
+        got = (f" (after {len(done)} layer(s): {', '.join(f'{x:.0f}' for x in done)} s)"
+               if done else "")
+        per = round(sum(done) / len(done), 1) if done else ""
+        return [tool, method, what, run.get("wall_seconds", ""),
+                "failed: " + (tail.splitlines() or [""])[-1][:160] + got, per,
+                round(run["max_rss_mib"] / 1024, 2) if run.get("max_rss_mib") else "", "", ""]
     layers = run.get("layer_seconds")
     per_layer = sum(layers) / len(layers) if layers else (
         run["quantize_seconds"] / n_layers if run.get("quantize_seconds") else None)
@@ -153,8 +164,8 @@ def render_scale(data: dict[str, Any]) -> str:
     st, n = data["state"], data["n_layers"]
     head = ["tool", "method", "settings", "process wall s", "quantize s", "s / layer",
             "peak RSS GiB", "ppl (en)", "load 1-min before / after"]
-    rows = [_row(step, tool, method, what, st.get(step), st.get(f"ppl/{step}"), n)
-            for step, tool, method, what in ROWS]
+    rows = [_row(step, tool, method, what, st.get(step), st.get(f"ppl/{step}"), n,
+                 (data.get("partial") or {}).get(step)) for step, tool, method, what in ROWS]
     scope = (f"the first {n} of its {data['model_layers']} layers (a truncated copy with the "
              "real weights: times and memory per layer are the real model's; no perplexity)"
              if data["setting"]["layers"] else f"all {n} layers")

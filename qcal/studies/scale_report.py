@@ -106,7 +106,7 @@ def render_journeys(data: dict[str, Any]) -> str:
     ppl = _ppl_rows(data.get("evals", {}))
     if ppl:
         md += ["## Perplexity (8 held-out handbook windows of 512 per language)", "",
-               markdown_table(["model", *LANGS, "KL(float||quant) en / de / zh",
+               markdown_table(["model", *LANGS, "KL(float to quant), nats/token, en / de / zh",
                                "ppl vs float en / de / zh"], ppl), ""]
     tasks = _task_rows(data)
     if tasks:
@@ -117,7 +117,7 @@ def render_journeys(data: dict[str, Any]) -> str:
     for step, run in st.items():
         if step.startswith("generate/") and isinstance(run, dict) and run.get("answer"):
             md += [f"## {step}: bare `AutoModelForCausalLM.from_pretrained(path)`, greedy", "",
-                   f"Prompt: {run['prompt']}", "", "```", run["answer"].strip(), "```", ""]
+                   f"Prompt: {run['prompt']}", "", "````", run["answer"].strip(), "````", ""]
     if data.get("peer_pages"):
         md += ["## Peers at this size", "", "qcal against GPTQModel on the same calibration ids: "
                + ", ".join(f"[{p}]({p})" for p in data["peer_pages"]) + ".", ""]

@@ -57,6 +57,8 @@ def test_scale_table_states_the_goals_and_failures() -> None:
     assert "qcal / GPTQModel: 0.40 (goal <= 0.6: met)" in md
     assert "qcal AWQ / qcal GPTQ quantize time: 2.00 (goal <= 1.5: not met)" in md
     assert "failed: ValueError: no CPU AWQ |" in md
+    data["partial"] = {"gptqmodel-awq": {"layer_seconds": [730.5]}}
+    assert "failed: ValueError: no CPU AWQ (after 1 layer(s): 730 s) | 730.500 |" in render_scale(data)
     assert "first 4 of its 28 layers" in md
     assert "| 10.000 |" in md  # qcal GPTQ: 40 s over 4 layers
 
