@@ -68,7 +68,7 @@ def add_parser(sub: Any) -> None:
                         "checks); lambada-items (completes older benchmark cells); from a "
                         "benchmark's JSON: peers, gptq-vs-peer, kernels, big-model, window-nll, "
                         "shared-context, selection-cost, scaling, selectors, interop, peers-scale, "
-                        "scale-1p5b")
+                        "scale-1p5b, gptq-phase-split")
     r.add_argument("--out", type=Path, default=None,
                    help="with --study: the report's path without suffix (default under results/)")
     r.add_argument("--bench-grid", type=Path, action="append", default=None,

@@ -35,6 +35,7 @@ STUDIES = {
     "gptq-vs-peer": "qcal.studies.peers_report:render_loaders_study",
     "peers-scale": "qcal.studies.peers_scale:render_scale_study",  # bench_peers.py --scale
     "scale-1p5b": "qcal.studies.scale_report:render_journeys_study",
+    "gptq-phase-split": "qcal.studies.phase_split:render_study",
 }
 
 
