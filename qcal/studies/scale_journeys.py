@@ -98,6 +98,46 @@ def run_step(step: str, model: Path, work: Path) -> dict[str, Any]:
     raise SystemExit(f"unknown step {step!r}; kinds: {', '.join(KINDS)}")
 
 
+def restore(steps: Steps, previous: Path, work: Path, model_name: str,
+            flags: dict[str, Any]) -> list[str]:
+    """Put back the finished steps a committed results JSON holds and `work` lacks (runs/
+    does not survive a fresh checkout), with the eval JSON each names, so they are not run
+    again; only when that JSON is of the same model and flags. Each restored record says
+    where and when it was measured."""
+    if not previous.is_file():
+        return []
+    data = json.loads(previous.read_text())
+    if data.get("model") != model_name or data.get("flags") != flags:
+        return []
+    prov = data.get("provenance", {})
+    origin = f"{previous.name} ({prov.get('date')}, commit {prov.get('git_commit')})"
+    restored = []
+    for key, run in data.get("state", {}).items():
+        if not isinstance(run, dict) or run.get("returncode") != 0 or steps.get(key) is not None:
+            continue
+        if run.get("result"):
+            if key not in data.get("evals", {}):
+                continue
+            (work / run["result"]).write_text(json.dumps(data["evals"][key]))
+        steps.cache.run(key, lambda r=run: {**r, "restored_from": r.get("restored_from", origin)})
+        restored.append(key)
+    return restored
+
+
+def _needs_checkpoint(steps: Steps, step: str, work: Path) -> str | None:
+    """The quantize step to run again when `step` will run and its checkpoint is gone
+    (its quantize record was restored from results, the files were not)."""
+    kind, name = step.split("/", 1)
+    if kind == "quantize" or steps.get(step) is not None:
+        return None
+    return None if (work / f"{name}-w4g128" / "config.json").is_file() else f"quantize/{name}"
+
+
+def _paired(work: Path, key: str, previous: dict[str, Any]) -> Any:
+    items = work / f"eval-tasks-{key.split('/')[1]}_items.jsonl"
+    return paired_accuracy(items) if items.is_file() else previous.get(key)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -115,22 +155,31 @@ def main(argv: list[str] | None = None) -> int:
                          f"in {tuple(QUANTIZE)}")
     work = runs_dir() / "scale_journeys" / model.name
     cache = Steps(work, {"model": model.name, "calib": CALIB}, args.fresh)
+    flags = {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS, "eval-alone": ALONE}
+    out = args.out or results_dir() / "scale_1p5b"
+    previous = json.loads(out.with_suffix(".json").read_text()) \
+        if out.with_suffix(".json").is_file() else {}
+    restored = [] if args.fresh else restore(cache, out.with_suffix(".json"), work, model.name,
+                                             flags)
+    if restored:
+        print(f"restored from {out.name}.json: {', '.join(restored)}")
     for step in steps:
+        redo = _needs_checkpoint(cache, step, work)
+        if redo is not None:
+            cache.cache.run(redo, lambda r=redo: run_step(r, model, work), lambda _: True)
         cache.run(step, lambda s=step: run_step(s, model, work))
     project = qcal_home()
     done = {k: v for k, v in cache.results.items() if isinstance(v, dict) and v.get("result")}
     command = " ".join(["python -m qcal.studies.scale_journeys",
                         *(argv if argv is not None else sys.argv[1:])])
     data = {"model": model.name, "state": cache.results, "work": shown(work, project),
-            "prompt": PROMPT, "flags": {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS,
-                                                "eval-alone": ALONE},
+            "prompt": PROMPT, "flags": flags,
             "evals": {k: json.loads((work / v["result"]).read_text()) for k, v in done.items()},
             "peer_pages": sorted(p.name for p in results_dir().glob("peers_scale*.md")),
-            "paired": {k: paired_accuracy(work / f"eval-tasks-{k.split('/')[1]}_items.jsonl")
+            "paired": {k: _paired(work, k, previous.get("paired", {}))
                        for k in done if k.startswith("tasks/")},
             "provenance": provenance(command=command, model=shown(model, project),
                                      calibration=" ".join(CALIB) + " (random windows)")}
-    out = args.out or results_dir() / "scale_1p5b"
     write_results(out, data, render_journeys(data))
     print(f"wrote {out}.json/.md")
     return 0

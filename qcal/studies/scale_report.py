@@ -51,6 +51,8 @@ def _journey_row(step: str, run: dict[str, Any]) -> list[Any]:
         outcome = f"lm_eval --model hf ran: acc {run.get('lm_eval_acc_5_items')} on 5 items"
     else:
         outcome = "see the tables below"
+    if run.get("restored_from"):
+        outcome += f" (measured earlier: {run['restored_from']})"
     rss = run.get("max_rss_mib")
     load = f"{run['load_before'][0]} / {run['load_after'][0]}" if run.get("load_before") else ""
     return [step, "ok" if ok else "FAILED", run.get("wall_seconds", ""),
@@ -102,7 +104,8 @@ def render_journeys(data: dict[str, Any]) -> str:
           "born Q4_K_M (blocks of 32): every number here uses group 128, where that grid "
           "does not line up with ours.", "",
           markdown_table(["step", "exit", "wall s", "peak RSS GiB", "load", "outcome"],
-                         [_journey_row(k, v) for k, v in st.items() if isinstance(v, dict)]), ""]
+                         [_journey_row(k, v) for k, v in st.items() if isinstance(v, dict)]), "",
+          f"CPU time of these commands (user + system): {cpu_hours(st):.2f} CPU hours.", ""]
     ppl = _ppl_rows(data.get("evals", {}))
     if ppl:
         md += ["## Perplexity (8 held-out handbook windows of 512 per language)", "",

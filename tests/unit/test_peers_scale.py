@@ -89,3 +89,44 @@ def test_journey_table_shows_failures_and_the_answer() -> None:
     assert "# Journeys on qwen2.5-coder-1.5b" in md
     assert "quantize 12.5 s, 3000.0 MiB" in md and "failed: qcal eval: error: boom" in md
     assert "return s[::-1]" in md and "12 tokens; CompressedLinear" in md
+
+
+def _previous(tmp_path: Path, flags: dict) -> Path:
+    out = tmp_path / "scale.json"
+    out.write_text(json.dumps({
+        "model": "m", "flags": flags,
+        "provenance": {"date": "2026-12-07 02:43 UTC", "git_commit": "abc1234"},
+        "state": {"quantize/rtn": {"returncode": 0, "quantize_seconds": 21.0},
+                  "ppl/rtn": {"returncode": 0, "result": "eval-ppl-rtn.json"},
+                  "generate/rtn": {"returncode": 1, "error_tail": "boom"}},
+        "evals": {"ppl/rtn": {"perplexity": {"model": {"en": {"ppl": 18.3}}}}}}))
+    return out
+
+
+def test_a_fresh_work_folder_gets_back_the_committed_steps_and_reruns_the_rest(
+        tmp_path: Path) -> None:
+    from qcal.studies.bench import Steps
+    from qcal.studies.scale_journeys import _needs_checkpoint, restore
+
+    flags = {"quantize": {"rtn": ["--method", "rtn"]}}
+    previous, work = _previous(tmp_path, flags), tmp_path / "work"
+    steps = Steps(work, {"model": "m"})
+    assert restore(steps, previous, work, "m", flags) == ["quantize/rtn", "ppl/rtn"]
+    assert steps.get("generate/rtn") is None  # a failed step runs again
+    assert json.loads((work / "eval-ppl-rtn.json").read_text())["perplexity"]["model"]["en"]
+    assert "abc1234" in steps.get("quantize/rtn")["restored_from"]
+    # The checkpoint's files were not committed: a step that needs them re-quantizes first.
+    assert _needs_checkpoint(steps, "eval-alone/rtn", work) == "quantize/rtn"
+    assert _needs_checkpoint(steps, "ppl/rtn", work) is None  # restored: does not run
+    # Kept in the cache: a second call restores nothing more.
+    assert restore(Steps(work, {"model": "m"}), previous, work, "m", flags) == []
+
+
+def test_results_of_other_flags_are_not_restored(tmp_path: Path) -> None:
+    from qcal.studies.bench import Steps
+    from qcal.studies.scale_journeys import restore
+
+    previous = _previous(tmp_path, {"quantize": {"rtn": ["--method", "rtn"]}})
+    steps = Steps(tmp_path / "work", {"model": "m"})
+    assert restore(steps, previous, tmp_path / "work", "m", {"quantize": {}}) == []
+    assert restore(steps, previous, tmp_path / "work", "other", {}) == []
