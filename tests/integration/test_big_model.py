@@ -20,6 +20,7 @@ from torch import nn
 
 from qcal.cli import main
 from qcal.config import AWQConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.methods.hqq import HQQConfig
 from qcal.methods.rtn_mse import RTNMSEConfig
 from qcal.model import offload, stream
 from qcal.model.shards import INDEX_NAME
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.integration
 LAYERS = 3
 CONFIGS = {"rtn": RTNConfig(QuantScheme(4, 32)), "gptq": GPTQConfig(QuantScheme(4, 32)),
            "awq": AWQConfig(QuantScheme(4, 32)),
-           "rtn-mse": RTNMSEConfig(QuantScheme(4, 32), mse_grid=20)}
+           "rtn-mse": RTNMSEConfig(QuantScheme(4, 32), mse_grid=20),
+           "hqq": HQQConfig(QuantScheme(4, 32), iters=5)}
 
 
 @pytest.fixture(scope="module")
@@ -112,14 +114,14 @@ def test_quantize_holds_one_float_layer_at_a_time(sharded_model: Path, calib_tex
     assert all(p.is_meta for p in models[0].parameters())
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq", "awq", "rtn-mse"])
+@pytest.mark.parametrize("method", ["rtn", "gptq", "awq", "rtn-mse", "hqq"])
 def test_streamed_checkpoint_is_byte_identical_to_full_load(sharded_model: Path, tmp_path: Path,
                                                             method: str) -> None:
     from qcal.methods import RunOptions
     from qcal.run import quantize_model_dir
 
     calib = torch.randint(0, 400, (4, 32), generator=torch.Generator().manual_seed(0))
-    calib = None if method in ("rtn", "rtn-mse") else calib
+    calib = None if method in ("rtn", "rtn-mse", "hqq") else calib
     work = tmp_path / "streamed.work"
     work.mkdir()
     # With a work dir the model streams; without one it is the full load of qcal before
