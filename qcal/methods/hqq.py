@@ -152,7 +152,8 @@ def _quantize_weight(weight: torch.Tensor, cfg: HQQConfig, name: str) -> QuantRe
 
 
 def option_rules(options: Any) -> None:
-    if options.sym:
+    # Every method's rules see every command's options: this one is HQQ's alone.
+    if options.method == "hqq" and options.sym:
         raise ValueError("--method hqq solves for zero points, which --sym fixes; drop --sym")
 
 

@@ -114,6 +114,8 @@ def test_flags_reach_the_config_and_the_schema_checks_them() -> None:
         validate_args(_args(False, method="hqq", hqq_lp_norm=2.0))
     with pytest.raises(ConfigError, match="drop --sym"):
         validate_args(_args(False, "--sym", method="hqq"))
+    for other in ("rtn", "gptq", "rtn-mse"):  # the rule is HQQ's alone
+        validate_args(_args(False, "--sym", method=other))
 
 
 def test_recipe_round_trip() -> None:
