@@ -25,6 +25,7 @@ This file is the whole method: config, pure function, runner, CLI flags and thei
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Annotated, Any
 
 import torch
@@ -52,11 +53,11 @@ class HQQConfig:
         if self.scheme.sym:
             raise ConfigError("HQQ solves for zero points, which a symmetric grid fixes; "
                               "drop --sym")
-        if not 0 < self.lp_norm <= 1:
+        if not 0 < self.lp_norm <= 1:  # NaN fails this too
             raise ConfigError(f"lp_norm={self.lp_norm} must lie in (0, 1]; try 0.7")
-        if not self.beta > 0:
+        if not (self.beta > 0 and math.isfinite(self.beta)):
             raise ConfigError(f"beta={self.beta} must be > 0; try 10")
-        if not self.kappa >= 1:
+        if not (self.kappa >= 1 and math.isfinite(self.kappa)):
             raise ConfigError(f"kappa={self.kappa} must be >= 1; try 1.01")
         if isinstance(self.iters, bool) or not isinstance(self.iters, int) or self.iters < 0:
             raise ConfigError(f"iters={self.iters!r} must be an integer >= 0; try 20")
@@ -163,7 +164,8 @@ FLAGS = (
                schema=Annotated[float, Field(gt=0, le=1, description="a number in (0, 1]")]),
     MethodFlag("hqq_iters", "iters", "HQQ: half-quadratic iterations (default %(default)s)",
                value_type=int, default=20,
-               schema=Annotated[int, Field(ge=0, description="an integer >= 0")]),
+               schema=Annotated[int, Field(ge=0, le=10_000,
+                                           description="an integer in [0, 10000]")]),
 )
 
 METHOD = QuantMethod("hqq", HQQConfig, False, weight_only_runner("hqq", _quantize_weight),

@@ -13,6 +13,7 @@ This file is the whole method: config, pure function, runner, CLI flags and thei
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Annotated
 
 import torch
@@ -42,7 +43,7 @@ class RTNMSEConfig:
             raise ConfigError(f"mse_grid={self.mse_grid!r} must be an integer >= 1; try 100")
         if not 0 <= self.mse_maxshrink < 1:
             raise ConfigError(f"mse_maxshrink={self.mse_maxshrink} must lie in [0, 1); try 0.8")
-        if not self.mse_norm > 0:
+        if not (self.mse_norm > 0 and math.isfinite(self.mse_norm)):
             raise ConfigError(f"mse_norm={self.mse_norm} must be > 0; try 2.4 (or 2: squared error)")
 
     def shrink_factors(self) -> list[float]:
@@ -97,7 +98,9 @@ FLAGS = (
                schema=Annotated[float, Field(ge=0, lt=1, description="a fraction in [0, 1)")]),
     MethodFlag("mse_norm", "mse_norm", "RTN-MSE: the error each clip is scored by, sum "
                "|w - q|^p (default %(default)s; 2: squared error)", value_type=float, default=2.4,
-               schema=Annotated[float, Field(gt=0, description="a number > 0")]),
+               # inf would score every clip alike and turn the search off silently (issue 52)
+               schema=Annotated[float, Field(gt=0, allow_inf_nan=False,
+                                             description="a finite number > 0")]),
 )
 
 METHOD = QuantMethod("rtn-mse", RTNMSEConfig, False,

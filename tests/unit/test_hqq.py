@@ -75,7 +75,8 @@ def test_shrink_is_the_lp_soft_threshold() -> None:
 
 
 @pytest.mark.parametrize("fields", [{"lp_norm": 0.0}, {"lp_norm": 1.5}, {"beta": 0.0},
-                                    {"kappa": 0.9}, {"iters": -1}, {"iters": 2.5},
+                                    {"kappa": 0.9}, {"beta": float("inf")},
+                                    {"lp_norm": float("nan")}, {"iters": -1}, {"iters": 2.5},
                                     {"scheme": QuantScheme(4, 32, sym=True)}])
 def test_bad_settings_are_refused(fields: dict) -> None:
     with pytest.raises(ConfigError):
@@ -112,6 +113,8 @@ def test_flags_reach_the_config_and_the_schema_checks_them() -> None:
         make_config(_args(method="rtn", hqq_iters=5))
     with pytest.raises(ConfigError, match="--hqq-lp-norm"):
         validate_args(_args(False, method="hqq", hqq_lp_norm=2.0))
+    with pytest.raises(ConfigError, match="--hqq-iters"):
+        validate_args(_args(False, method="hqq", hqq_iters=10**6))
     with pytest.raises(ConfigError, match="drop --sym"):
         validate_args(_args(False, "--sym", method="hqq"))
     for other in ("rtn", "gptq", "rtn-mse"):  # the rule is HQQ's alone

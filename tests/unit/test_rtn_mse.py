@@ -120,6 +120,11 @@ def test_schema_checks_the_flags_ranges() -> None:
         validate_args(_args(False, method="rtn-mse", mse_maxshrink=1.5))
     with pytest.raises(ConfigError, match="--mse-grid"):
         validate_args(_args(False, method="rtn-mse", mse_grid=0))
+    for bad in ("inf", "nan"):  # inf would turn the search off silently
+        with pytest.raises(ConfigError, match="--mse-norm"):
+            validate_args(_args(False, method="rtn-mse", mse_norm=bad))
+    with pytest.raises(ConfigError):
+        RTNMSEConfig(mse_norm=float("inf"))
 
 
 def test_recipe_round_trip() -> None:
