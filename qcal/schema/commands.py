@@ -134,6 +134,9 @@ class QuantizeBase(Options):
         if self.bits not in allowed:
             raise ValueError(f"--bits {self.bits} cannot be packed in --format {self.format}; "
                              f"choose --bits {' or '.join(map(str, allowed))}")
+        if self.resume and self.overwrite:  # issue 52: one of them was silently ignored
+            raise ValueError("--resume continues an interrupted run and --overwrite starts over; "
+                             "pass one of them")
         for method in all_methods():  # each method's rules on its own flags
             method.option_rules(self)
         if self.allow_ragged_groups and self.format in ("compressed-tensors", "awq"):

@@ -274,3 +274,10 @@ def test_hessian_checks_are_specific() -> None:
     h[1, 1] = -1.0
     with pytest.raises(NumericalError, match="negative diagonal"):
         inverse_cholesky(h, 0.01, "x")
+
+
+def test_resume_and_overwrite_together_are_refused(cli: Cli, home: Path) -> None:
+    out = home / "both"
+    cli.refused(*rtn_args(home, out, "--resume", "--overwrite"), match="pass one of them",
+                case="--resume with --overwrite (one was silently ignored)")
+    assert not out.exists() and not Path(f"{out}.work").exists()
