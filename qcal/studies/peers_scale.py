@@ -189,14 +189,15 @@ def render_scale(data: dict[str, Any]) -> str:
     fp = (st.get("ppl/float") or {}).get("ppl")
     md = ["# qcal vs GPTQModel and llm-compressor at 1.5B parameters", "",
           f"Model: {data['provenance'].get('model')}; quantized over {scope}.", "",
-          f"Float perplexity on the same windows: {fp:.3f}" if fp else "", "",
+          *([f"Float perplexity on the same windows: {fp:.3f}", ""] if fp else []),
           markdown_table(head, rows), "", *lines,
           f"- CPU time of the run: {cpu_hours(st):.2f} CPU hours (user + system).", "",
           "quantize s: the quantize step as each tool logs it (qcal: quant_log.json; GPTQModel: "
           "the worker's timer around `quantize()`), without start-up, model load and save; "
           "process wall s includes them. s / layer: GPTQModel's from its layer callback, "
           "qcal's its quantize s over the layers. Peak RSS: the largest resident set of the "
-          "process (GNU time).", "", "## Provenance", "", provenance_markdown(data["provenance"])]
+          "process (GNU time).", "", *data.get("notes", []),
+          "## Provenance", "", provenance_markdown(data["provenance"])]
     return "\n".join(md)
 
 
