@@ -82,8 +82,8 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
              selector: str = "random", nsamples: int = 128, seqlen: int = 512, seed: int = 0,
              text_field: str = "text", chat: bool = False, device: str = "auto",
              overwrite: bool = False, progress: bool = False,
-             trust_remote_code: bool = False, targets: Sequence[str] = (),
-             ignore: Sequence[str] = (), moe_all_experts: bool = False,
+             trust_remote_code: bool = False, targets: str | Sequence[str] = (),
+             ignore: str | Sequence[str] = (), moe_all_experts: bool = False,
              scheme_overrides: Sequence[str | SchemeOverride] = (),
              **method_options: Any) -> Any:
     """Quantize `model` and write the checkpoint to `output`; returns the quantized model.
@@ -132,10 +132,22 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
                              format=format or DEFAULT_FORMAT,
                              command=f"qcal.quantize({_describe(model)!r}, method={method!r})",
                              notes=(note,) if note else (),
-                             modules=ModuleSelection(tuple(targets), tuple(ignore),
+                             modules=ModuleSelection(_patterns(targets, "targets"),
+                                                     _patterns(ignore, "ignore"),
                                                      moe_all_experts, overrides))
         outcome = run_recipe(recipe, policy=OutputPolicy(overwrite=overwrite), progress=progress)
     return load(outcome.output, device="cpu")
+
+
+def _patterns(value: str | Sequence[str], name: str) -> tuple[str, ...]:
+    """A regex or a sequence of them; a lone string is one pattern, never its characters
+    (issue 52: targets="q_proj" was split into 'q', '_', 'p', ... and matched every linear)."""
+    patterns = (value,) if isinstance(value, str) else tuple(value)
+    bad = [p for p in patterns if not isinstance(p, str)]
+    if bad:
+        raise ConfigError(f"{name} takes regexes as strings, not {type(bad[0]).__name__} "
+                          f"{bad[0]!r}; pass e.g. {name}=[r'q_proj$']")
+    return patterns
 
 
 def _describe(model: Any) -> str:

@@ -93,3 +93,22 @@ def test_in_memory_model_and_a_calib_set_built_in_python(tiny_model_dir: Path,
     log = json.loads((tmp_path / "out" / "quant_log.json").read_text())
     assert log["config"]["scheme"]["sym"] is True and log["calibration"]["nsamples"] == 4
     assert 'base_model: "someorg/tiny-lm"' in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_lone_target_string_is_one_pattern(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """targets="q_proj" means the q_proj linears, not the characters of the string (issue 52:
+    it matched every linear); a pattern that is not a string is refused in one line."""
+    import qcal
+    from qcal.errors import ConfigError
+    from qcal.packing.checkpoint import quant_modules
+    from qcal.packing.checkpoint_load import load_checkpoint
+
+    out = tmp_path / "q-only"
+    qcal.quantize(str(tiny_model_dir), method="rtn", scheme={"bits": 4, "group_size": 32},
+                  output=out, targets="q_proj")
+    names = list(quant_modules(load_checkpoint(out)))
+    assert names and all(n.endswith("q_proj") for n in names), names
+    with pytest.raises(ConfigError, match="takes regexes as strings"):
+        qcal.quantize(str(tiny_model_dir), method="rtn", output=tmp_path / "never",
+                      ignore=[3])
+    assert not (tmp_path / "never").exists()
