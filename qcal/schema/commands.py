@@ -19,6 +19,7 @@ from pydantic import AfterValidator, Field, StringConstraints, create_model, mod
 from qcal.config import FORMAT_BITS
 from qcal.methods import all_methods
 from qcal.schema.fields import (
+    Bins,
     Count,
     Device,
     ExistingDir,
@@ -26,6 +27,7 @@ from qcal.schema.fields import (
     Flag,
     NonNegative,
     Options,
+    Processes,
     Regex,
     SchemeOverrideText,
     Seed,
@@ -108,7 +110,7 @@ class QuantizeBase(Options):
     nsamples: Count = 128
     seqlen: SeqLen = 512
     seed: Seed = 0
-    nproc: Count = 1
+    nproc: Processes = 1
     resume: Flag = False
     overwrite: Flag = False
     keep_work: Flag = False
@@ -195,7 +197,7 @@ class EvalOptions(Options):
     num_fewshot: NonNegative | None = None
     task_batch_size: Count = 16
     confidence: Flag = False
-    ece_bins: Count = 15
+    ece_bins: Bins = 15
     list_tasks: Flag = False
     backend: Literal["hf", "vllm"] = "hf"
     trust_remote_code: Flag = False

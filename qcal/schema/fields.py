@@ -8,6 +8,7 @@ and a fix, so `qcal` can print them as its one error line.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +25,21 @@ SeqLen = Annotated[int, Field(ge=2, description="an integer >= 2 (tokens per win
                               examples=[512])]
 Damp = Annotated[float, Field(gt=0, lt=1, description="a fraction in (0, 1)", examples=[0.01])]
 NonNegative = Annotated[int, Field(ge=0, description="an integer >= 0")]
+# Issue 52: every value bounded. 10^9 calibration bins allocated 10^9-long tensors.
+Bins = Annotated[int, Field(ge=1, le=1000, description="an integer in [1, 1000]")]
+
+
+def _at_most_cpus(value: int) -> int:
+    # Each process holds a model copy: 145 of --nproc 10000 filled 23 GB before this bound.
+    cpus = max(os.cpu_count() or 1, 2)  # two share one core harmlessly
+    if value > cpus:
+        raise ValueError(f"{value} processes exceed this machine's {cpus} CPUs (each holds a "
+                         f"copy of the model); use at most {cpus}")
+    return value
+
+
+Processes = Annotated[int, Field(ge=1, description="an integer >= 1"),
+                      AfterValidator(_at_most_cpus)]
 
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
