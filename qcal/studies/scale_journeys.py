@@ -110,7 +110,9 @@ def restore(steps: Steps, previous: Path, work: Path, model_name: str,
     if data.get("model") != model_name or data.get("flags") != flags:
         return []
     prov = data.get("provenance", {})
-    origin = f"{previous.name} ({prov.get('date')}, commit {prov.get('git_commit')})"
+    machine = (prov.get("machine") or {}).get("cpu")
+    origin = (f"{previous.name} ({prov.get('date')}, commit {prov.get('git_commit')}"
+              + (f", {machine}" if machine else "") + ")")
     restored = []
     for key, run in data.get("state", {}).items():
         if not isinstance(run, dict) or run.get("returncode") != 0 or steps.get(key) is not None:
