@@ -36,7 +36,7 @@ from qcal.errors import ConfigError
 from qcal.methods.registry import MethodFlag, QuantMethod
 from qcal.methods.rtn import weight_only_runner
 from qcal.quant import intgrid as grid
-from qcal.quant.base import QuantResult
+from qcal.quant.base import QuantResult, grid_result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,24 +128,16 @@ def hqq_quantize(w: torch.Tensor, cfg: HQQConfig, name: str = "layer") -> QuantR
     """Quantize `w` [out, in] on min/max scales with HQQ's zero points; `loss` is the
     squared error of the dequantized weight, as RTN's."""
     scheme = cfg.scheme
-    out_f, in_f = w.shape
-    groups = scheme.groups_for(in_f, name)
-    g = scheme.effective_group(in_f)
-    wf = w.float()
-    padded = torch.nn.functional.pad(wf, (0, groups * g - in_f)) if groups * g != in_f else wf
-    view = padded.reshape(out_f, groups, g)
+    view = grid.group_view(w, scheme, name)
+    _, groups, g = view.shape
     valid = torch.ones(groups * g, dtype=torch.float32, device=w.device)
-    valid[in_f:] = 0
+    valid[w.shape[1]:] = 0
     valid = valid.reshape(1, groups, g)
     scale, zero = grid.find_params(view, scheme.bits, sym=False)
     scale, zero = hqq_solve(view, valid, scale.unsqueeze(-1), zero.unsqueeze(-1), scheme.maxq,
                             cfg)
-    scales, zeros = scale.squeeze(-1).T.contiguous(), zero.squeeze(-1).T.contiguous()
-    g_idx = grid.group_index(in_f, g)
-    codes = grid.quantize_grouped(wf, scales, zeros, g_idx, scheme.maxq)
-    result = QuantResult(codes, scales, zeros.to(torch.int32), g_idx, scheme)
-    result.loss = float((result.dequantize() - wf).pow(2).sum())
-    return result
+    return grid_result(w, scale.squeeze(-1).T.contiguous(), zero.squeeze(-1).T.contiguous(),
+                       scheme)
 
 
 def _quantize_weight(weight: torch.Tensor, cfg: HQQConfig, name: str) -> QuantResult:

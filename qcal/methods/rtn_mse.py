@@ -24,7 +24,7 @@ from qcal.errors import ConfigError
 from qcal.methods.registry import MethodFlag, QuantMethod
 from qcal.methods.rtn import weight_only_runner
 from qcal.quant import intgrid as grid
-from qcal.quant.base import QuantResult
+from qcal.quant.base import QuantResult, grid_result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +56,7 @@ def mse_clip_quantize(w: torch.Tensor, cfg: RTNMSEConfig, name: str = "layer") -
     `loss` is the squared error of the dequantized weight, as RTN's. A ragged last group is
     scored with zero padding, which the grid represents exactly (its range contains 0)."""
     scheme = cfg.scheme
-    out_f, in_f = w.shape
-    groups = scheme.groups_for(in_f, name)
-    g = scheme.effective_group(in_f)
-    wf = w.float()
-    padded = torch.nn.functional.pad(wf, (0, groups * g - in_f)) if groups * g != in_f else wf
-    view = padded.reshape(out_f, groups, g)
+    view = grid.group_view(w, scheme, name)
     best = best_scale = best_zero = torch.empty(0)
     for i, shrink in enumerate(cfg.shrink_factors()):
         scale, zero = grid.find_params(view, scheme.bits, scheme.sym, shrink=shrink)
@@ -77,12 +72,7 @@ def mse_clip_quantize(w: torch.Tensor, cfg: RTNMSEConfig, name: str = "layer") -
         best = torch.where(better, err, best)
         best_scale = torch.where(better, scale, best_scale)
         best_zero = torch.where(better, zero, best_zero)
-    scales, zeros = best_scale.T.contiguous(), best_zero.T.contiguous()
-    g_idx = grid.group_index(in_f, g)
-    codes = grid.quantize_grouped(wf, scales, zeros, g_idx, scheme.maxq)
-    result = QuantResult(codes, scales, zeros.to(torch.int32), g_idx, scheme)
-    result.loss = float((result.dequantize() - wf).pow(2).sum())
-    return result
+    return grid_result(w, best_scale.T.contiguous(), best_zero.T.contiguous(), scheme)
 
 
 def _quantize_weight(weight: torch.Tensor, cfg: RTNMSEConfig, name: str) -> QuantResult:

@@ -38,6 +38,18 @@ class QuantResult:
         assert int(self.codes.min()) >= 0 and int(self.codes.max()) <= self.scheme.maxq
 
 
+def grid_result(w: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                scheme: QuantScheme, with_loss: bool = True) -> QuantResult:
+    """`w` [out, in] quantized on contiguous-group params `scales` / `zeros` [groups, out];
+    `with_loss`: `loss` is the squared error of the dequantized weight."""
+    g_idx = grid.group_index(w.shape[1], scheme.effective_group(w.shape[1]))
+    codes = grid.quantize_grouped(w, scales, zeros, g_idx, scheme.maxq)
+    result = QuantResult(codes, scales, zeros.to(torch.int32), g_idx, scheme)
+    if with_loss:
+        result.loss = float((result.dequantize() - w.float()).pow(2).sum())
+    return result
+
+
 def rtn_quantize(w: torch.Tensor, scheme: QuantScheme, name: str = "layer",
                  with_loss: bool = False) -> QuantResult:
     """Round-to-nearest on a per-group min/max grid (no calibration data).
@@ -52,11 +64,7 @@ def rtn_quantize(w: torch.Tensor, scheme: QuantScheme, name: str = "layer",
     g_idx = grid.group_index(in_f, g)
     if groups * g != in_f:
         scales, zeros = grid.grouped_params(w, scheme, name=name)
-        codes = grid.quantize_grouped(w, scales, zeros, g_idx, scheme.maxq)
-        result = QuantResult(codes, scales, zeros.to(torch.int32), g_idx, scheme)
-        if with_loss:
-            result.loss = float((result.dequantize() - w.float()).pow(2).sum())
-        return result
+        return grid_result(w, scales, zeros, scheme, with_loss)
     wf = w.float().reshape(out_f, groups, g)
     scale, zero = grid.find_params(wf, scheme.bits, scheme.sym)  # [out, groups]
     s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)

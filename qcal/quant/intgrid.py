@@ -66,14 +66,20 @@ def grouped_params(
     A ragged last group is padded with zeros, which leaves min/max unchanged because
     the grid's range always contains 0. A per-group `shrink` must be [out, groups].
     """
+    scale, zero = find_params(group_view(w, scheme, name), scheme.bits, scheme.sym, shrink)
+    return scale.T.contiguous(), zero.T.contiguous()
+
+
+def group_view(w: torch.Tensor, scheme: QuantScheme, name: str = "layer") -> torch.Tensor:
+    """Float32 [out, groups, group] view of a weight [out, in] in contiguous groups; a ragged
+    last group is padded with zeros, which every grid holds exactly (its range contains 0)."""
     out_f, in_f = w.shape
     groups = scheme.groups_for(in_f, name)
     g = scheme.effective_group(in_f)
     wf = w.float()
     if groups * g != in_f:
         wf = torch.nn.functional.pad(wf, (0, groups * g - in_f))
-    scale, zero = find_params(wf.reshape(out_f, groups, g), scheme.bits, scheme.sym, shrink)
-    return scale.T.contiguous(), zero.T.contiguous()
+    return wf.reshape(out_f, groups, g)
 
 
 def quantize_grouped(
