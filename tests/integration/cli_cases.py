@@ -1,10 +1,11 @@
 """What the bad-input suites share: `Cli` runs qcal in-process and records each refused
 case for results/reliability.md (qcal report --study reliability); content digests,
-argument builders for the tiny model, a pickle payload. Fixtures `cli` and `home` are
+argument builders for the tiny model and the method tests, a pickle payload. Fixtures `cli` and `home` are
 in conftest.py."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -81,6 +82,21 @@ def dead_writer() -> str:
 def gptq_args(x: Path, out: Path, *extra: str) -> list[str]:
     return ["quantize", "--model", x / "mymodel", "--method", "gptq", "--group-size", "32",
             "--calib", x / "calib.txt", "--nsamples", "4", "--seqlen", "32", "-o", out, *extra]
+
+
+def quantize_options(validate: bool = True, *extra: str, **given: object) -> argparse.Namespace:
+    """`qcal quantize --group-size 32 ...` options as the CLI hands them on: parsed, then
+    (with `validate`) typed by the schema; `given` keys become --flags (_ as -)."""
+    from qcal.cli import build_parser
+    from qcal.schema import validate_args
+
+    argv = ["quantize", "--group-size", "32", *extra]
+    for key, value in given.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    args = build_parser().parse_args(argv)
+    if validate:
+        validate_args(args)
+    return args
 
 
 def rtn_args(x: Path, out: Path, *extra: str) -> list[str]:

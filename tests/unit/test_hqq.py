@@ -4,10 +4,9 @@ group's padding stays out of the fit, and its flags reach its config through the
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
+from cli_cases import quantize_options as _args
 
 from qcal.config import QuantScheme
 from qcal.errors import ConfigError
@@ -88,19 +87,6 @@ def test_registered_from_its_own_file() -> None:
     assert method.config_cls is HQQConfig and not method.needs_calibration
     assert method_for_config(HQQConfig()) is method
     assert {f.dest for f in method.flags} == {"hqq_lp_norm", "hqq_iters"}
-
-
-def _args(validate: bool = True, *extra: str, **given) -> argparse.Namespace:
-    from qcal.cli import build_parser
-    from qcal.schema import validate_args
-
-    argv = ["quantize", "--group-size", "32", *extra]
-    for key, value in given.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    args = build_parser().parse_args(argv)
-    if validate:
-        validate_args(args)
-    return args
 
 
 def test_flags_reach_the_config_and_the_schema_checks_them() -> None:

@@ -4,10 +4,9 @@ registry (the only place the method is declared)."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
+from cli_cases import quantize_options as _args
 
 from qcal.config import QuantScheme
 from qcal.errors import ConfigError
@@ -86,20 +85,6 @@ def test_registered_from_its_own_file() -> None:
     assert method.config_cls is RTNMSEConfig and not method.needs_calibration
     assert method_for_config(RTNMSEConfig()) is method
     assert {f.dest for f in method.flags} == {"mse_grid", "mse_maxshrink", "mse_norm"}
-
-
-def _args(validate: bool = True, **given) -> argparse.Namespace:
-    """`qcal quantize` options as the CLI hands them on: parsed, then typed by the schema."""
-    from qcal.cli import build_parser
-    from qcal.schema import validate_args
-
-    argv = ["quantize", "--group-size", "32"]
-    for key, value in given.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    args = build_parser().parse_args(argv)
-    if validate:
-        validate_args(args)
-    return args
 
 
 def test_flags_reach_the_config_and_other_methods_refuse_them() -> None:
