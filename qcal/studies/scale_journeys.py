@@ -98,20 +98,17 @@ def run_step(step: str, model: Path, work: Path) -> dict[str, Any]:
     raise SystemExit(f"unknown step {step!r}; kinds: {', '.join(KINDS)}")
 
 
-def restore(steps: Steps, previous: Path, work: Path, model_name: str,
+def restore(steps: Steps, data: dict[str, Any], source: str, work: Path, model_name: str,
             flags: dict[str, Any]) -> list[str]:
-    """Put back the finished steps a committed results JSON holds and `work` lacks (runs/
-    does not survive a fresh checkout), with the eval JSON each names, so they are not run
-    again; only when that JSON is of the same model and flags. Each restored record says
-    where and when it was measured."""
-    if not previous.is_file():
-        return []
-    data = json.loads(previous.read_text())
+    """Put back the finished steps a committed results JSON (`data`, read from the file
+    named `source`) holds and `work` lacks (runs/ does not survive a fresh checkout), with
+    the eval JSON each names, so they are not run again; only when that JSON is of the same
+    model and flags. Each restored record says where and when it was measured."""
     if data.get("model") != model_name or data.get("flags") != flags:
         return []
     prov = data.get("provenance", {})
     machine = (prov.get("machine") or {}).get("cpu")
-    origin = (f"{previous.name} ({prov.get('date')}, commit {prov.get('git_commit')}"
+    origin = (f"{source} ({prov.get('date')}, commit {prov.get('git_commit')}"
               + (f", {machine}" if machine else "") + ")")
     restored = []
     for key, run in data.get("state", {}).items():
@@ -159,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     cache = Steps(work, {"model": model.name, "calib": CALIB}, args.fresh)
     flags = {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS, "eval-alone": ALONE}
     out = args.out or results_dir() / "scale_1p5b"
-    previous = json.loads(out.with_suffix(".json").read_text()) \
-        if out.with_suffix(".json").is_file() else {}
-    restored = [] if args.fresh else restore(cache, out.with_suffix(".json"), work, model.name,
+    source = out.with_suffix(".json")
+    previous = json.loads(source.read_text()) if source.is_file() else {}
+    restored = [] if args.fresh else restore(cache, previous, source.name, work, model.name,
                                              flags)
     if restored:
         print(f"restored from {out.name}.json: {', '.join(restored)}")

@@ -111,7 +111,8 @@ def test_a_fresh_work_folder_gets_back_the_committed_steps_and_reruns_the_rest(
     flags = {"quantize": {"rtn": ["--method", "rtn"]}}
     previous, work = _previous(tmp_path, flags), tmp_path / "work"
     steps = Steps(work, {"model": "m"})
-    assert restore(steps, previous, work, "m", flags) == ["quantize/rtn", "ppl/rtn"]
+    data = json.loads(previous.read_text())
+    assert restore(steps, data, previous.name, work, "m", flags) == ["quantize/rtn", "ppl/rtn"]
     assert steps.get("generate/rtn") is None  # a failed step runs again
     assert json.loads((work / "eval-ppl-rtn.json").read_text())["perplexity"]["model"]["en"]
     assert "abc1234" in steps.get("quantize/rtn")["restored_from"]
@@ -119,7 +120,7 @@ def test_a_fresh_work_folder_gets_back_the_committed_steps_and_reruns_the_rest(
     assert _needs_checkpoint(steps, "eval-alone/rtn", work) == "quantize/rtn"
     assert _needs_checkpoint(steps, "ppl/rtn", work) is None  # restored: does not run
     # Kept in the cache: a second call restores nothing more.
-    assert restore(Steps(work, {"model": "m"}), previous, work, "m", flags) == []
+    assert restore(Steps(work, {"model": "m"}), data, previous.name, work, "m", flags) == []
 
 
 def test_results_of_other_flags_are_not_restored(tmp_path: Path) -> None:
@@ -128,5 +129,6 @@ def test_results_of_other_flags_are_not_restored(tmp_path: Path) -> None:
 
     previous = _previous(tmp_path, {"quantize": {"rtn": ["--method", "rtn"]}})
     steps = Steps(tmp_path / "work", {"model": "m"})
-    assert restore(steps, previous, tmp_path / "work", "m", {"quantize": {}}) == []
-    assert restore(steps, previous, tmp_path / "work", "other", {}) == []
+    data = json.loads(previous.read_text())
+    assert restore(steps, data, previous.name, tmp_path / "work", "m", {"quantize": {}}) == []
+    assert restore(steps, data, previous.name, tmp_path / "work", "other", {}) == []
