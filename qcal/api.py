@@ -132,22 +132,10 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
                              format=format or DEFAULT_FORMAT,
                              command=f"qcal.quantize({_describe(model)!r}, method={method!r})",
                              notes=(note,) if note else (),
-                             modules=ModuleSelection(_patterns(targets, "targets"),
-                                                     _patterns(ignore, "ignore"),
-                                                     moe_all_experts, overrides))
+                             modules=ModuleSelection(targets, ignore, moe_all_experts,
+                                                     overrides))
         outcome = run_recipe(recipe, policy=OutputPolicy(overwrite=overwrite), progress=progress)
     return load(outcome.output, device="cpu")
-
-
-def _patterns(value: str | Sequence[str], name: str) -> tuple[str, ...]:
-    """A regex or a sequence of them; a lone string is one pattern, never its characters
-    (issue 52: targets="q_proj" was split into 'q', '_', 'p', ... and matched every linear)."""
-    patterns = (value,) if isinstance(value, str) else tuple(value)
-    bad = [p for p in patterns if not isinstance(p, str)]
-    if bad:
-        raise ConfigError(f"{name} takes regexes as strings, not {type(bad[0]).__name__} "
-                          f"{bad[0]!r}; pass e.g. {name}=[r'q_proj$']")
-    return patterns
 
 
 def _describe(model: Any) -> str:

@@ -185,8 +185,17 @@ class ModuleSelection:
     def __post_init__(self) -> None:
         import re
 
-        for flag, patterns in (("--targets", self.targets), ("--ignore", self.ignore)):
+        for flag, field in (("--targets", "targets"), ("--ignore", "ignore")):
+            value = getattr(self, field)
+            # A lone string is one pattern, never its characters (issue 52: the API's
+            # targets="q_proj" became 'q', '_', 'p', ... and matched every linear).
+            patterns = (value,) if isinstance(value, str) else tuple(value)
+            object.__setattr__(self, field, patterns)
             for pattern in patterns:
+                if not isinstance(pattern, str):
+                    raise ConfigError(f"{flag} takes regexes as strings, not "
+                                      f"{type(pattern).__name__} {pattern!r}; pass e.g. "
+                                      f"{field}=[r'q_proj$']")
                 try:
                     re.compile(pattern)
                 except re.error as err:

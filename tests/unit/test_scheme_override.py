@@ -122,3 +122,17 @@ def test_overrides_are_checked_against_the_linears_shapes() -> None:
         check(r"down_proj=bits:8")  # re.match: from the start of the full name
     with pytest.raises(ConfigError, match="matches no quantized linear"):
         check(r".*down_proj=bits:8", targets=("self_attn",))  # --targets left it float
+
+
+def test_a_lone_pattern_string_is_one_pattern_on_every_route() -> None:
+    """Issue 52: targets="q_proj" (the API, or a recipe's YAML/JSON) was iterated as its
+    characters and matched every linear; a non-string pattern is refused in one line."""
+    from qcal.config import ModuleSelection, from_dict
+
+    sel = ModuleSelection(targets="q_proj", ignore=["layers\\.0\\."])
+    assert sel.targets == ("q_proj",) and sel.ignore == ("layers\\.0\\.",)
+    assert sel.selects("model.layers.1.self_attn.q_proj")
+    assert not sel.selects("model.layers.1.mlp.down_proj")
+    assert from_dict(ModuleSelection, {"targets": "q_proj"}).targets == ("q_proj",)
+    with pytest.raises(ConfigError, match="takes regexes as strings"):
+        ModuleSelection(ignore=(3,))
