@@ -42,7 +42,7 @@ from qcal.packing.qlinear import QuantLinear
 from qcal.quant import intgrid as grid
 from qcal.quant.base import QuantResult, rtn_quantize
 from qcal.quant.gptq import gptq_quantize
-from qcal.quant.hessian import accumulate_hessian, hessian_loss
+from qcal.quant.hessian import SYMMETRIC_FROM, accumulate_hessian, hessian_loss, mirror_upper_
 
 CALIB_BATCH = 8
 # A quantized linear with fewer weights than this (64 MiB in float32) keeps its dequantized
@@ -64,6 +64,7 @@ class HessianSink:
         # cannot be reused by a different input and be mistaken for a shared one.
         self._batch: dict[tuple[Any, ...], tuple[str, torch.Tensor]] = {}
         self._seen: set[str] = set()
+        self._upper: set[str] = set()  # Hessians holding only their upper triangle so far
 
     def __call__(self, name: str, x: torch.Tensor) -> None:
         key = (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
@@ -72,8 +73,15 @@ class HessianSink:
             self.alias[name] = owner[0]
         else:
             self._batch[key] = (name, x)
+            # Wide inputs (an MLP's down_proj) accumulate the upper triangle only, half the
+            # work; `hessian` completes it when it is first read. One that was already read
+            # (complete) keeps accumulating whole.
+            upper = x.shape[-1] >= SYMMETRIC_FROM and (name in self._upper
+                                                       or name not in self.hessians)
+            if upper:
+                self._upper.add(name)
             self.hessians[name], self.counts[name] = accumulate_hessian(
-                x, self.hessians.get(name), self.counts.get(name, 0))
+                x, self.hessians.get(name), self.counts.get(name, 0), upper_only=upper)
         self._seen.add(name)
         if self._seen >= set(self.names):
             self._batch.clear()
@@ -86,6 +94,9 @@ class HessianSink:
                 f"{name} received no calibration inputs; is it used in the layer's forward "
                 "pass? Fix the ArchSpec's `sequential` names for this architecture"
             )
+        if owner in self._upper:
+            mirror_upper_(self.hessians[owner])
+            self._upper.discard(owner)
         return self.hessians[owner]
 
 

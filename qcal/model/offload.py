@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
-from qcal.errors import ModelNotFoundError, NumericalError
+from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError
 from qcal.quant.finite import all_finite
+from qcal.tensor_files import StoredTensor, TensorFileError, index_file, read_stored
 
 
 class DiskWeights:
@@ -36,6 +36,7 @@ class DiskWeights:
                 f"{self.model_dir} holds no *.safetensors to re-read layers from; pass the "
                 "directory the model was loaded from, or run without offloading"
             )
+        self._headers: dict[Path, dict[str, StoredTensor]] = {}
         index = self.model_dir / "model.safetensors.index.json"
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -43,8 +44,27 @@ class DiskWeights:
         else:
             self.files = {}
             for f in files:
-                with safe_open(str(f), "pt") as handle:
-                    self.files.update({k: f for k in handle.keys()})  # noqa: SIM118
+                self.files.update(dict.fromkeys(self._index(f), f))
+
+    def read(self, name: str) -> torch.Tensor:
+        """Tensor `name` as stored, in memory of its own, read without a mapping
+        (qcal.tensor_files): its peak is the tensor once, not beside its mapped pages."""
+        f = self.files[name]
+        stored = self._index(f).get(name)
+        try:
+            if stored is None:
+                raise TensorFileError(f"it holds no tensor {name}, which the index names")
+            return read_stored(stored)
+        except (OSError, TensorFileError) as err:
+            raise _unreadable(f, err) from None
+
+    def _index(self, f: Path) -> dict[str, StoredTensor]:
+        if f not in self._headers:
+            try:
+                self._headers[f] = index_file(f)
+            except (OSError, TensorFileError) as err:
+                raise _unreadable(f, err) from None
+        return self._headers[f]
 
     def load_into(self, module: nn.Module, prefix: str, keep_stored: frozenset[str] = frozenset()
                   ) -> int:
@@ -63,24 +83,21 @@ class DiskWeights:
 
     def _load(self, module: nn.Module, prefix: str, names: list[str],
               own: dict[str, torch.Tensor], keep_stored: frozenset[str]) -> int:
-        wanted: dict[Path, list[str]] = {}
-        for name in names:
-            wanted.setdefault(self.files[prefix + name], []).append(name)
         state: dict[str, torch.Tensor] = {}
-        for f, group in wanted.items():
-            with safe_open(str(f), "pt") as handle:
-                for name in group:
-                    ref = own[name]
-                    t = handle.get_tensor(prefix + name)
-                    dtype = t.dtype if name in keep_stored else ref.dtype
-                    device = "cpu" if ref.is_meta else ref.device
-                    # A copy on the same dtype/device: a view of the mapping would keep it resident.
-                    copy = t.to(dtype=dtype, device=device, copy=True)
-                    del t
-                    state[name] = copy
+        for name in names:
+            ref = own[name]
+            t = self.read(prefix + name)
+            dtype = t.dtype if name in keep_stored else ref.dtype
+            device = "cpu" if ref.is_meta else ref.device
+            state[name] = t.to(dtype=dtype, device=device)
         if state:
             module.load_state_dict(state, strict=False, assign=True)
         return len(state)
+
+
+def _unreadable(f: Path, err: Exception) -> CheckpointError:
+    return CheckpointError(f"weight file {f} is unreadable ({err}); restore or re-convert "
+                           "the model directory")
 
 
 def check_finite(t: torch.Tensor, name: str, path: Path) -> None:

@@ -9,15 +9,11 @@ checked. The layout and the writing side are qcal.packing.checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from qcal_kernels.format import PACKABLE_BITS, pack_cols, pack_transposed, unpack_cols
 from torch import nn
@@ -27,71 +23,34 @@ from qcal.module_tree import get_module, set_module
 from qcal.packing.checkpoint import QUANT_METHODS, QUANT_SUFFIXES, quant_modules
 from qcal.packing.naming import memory_namer
 from qcal.packing.qlinear import QuantLinear
-
-# safetensors' dtype names (its header format) -> torch dtypes.
-_STORED_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-                  "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
-                  "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+from qcal.tensor_files import StoredTensor, TensorFileError, index_file, read_stored
 
 
-@dataclasses.dataclass(frozen=True)
-class _Stored:
-    """Where one tensor's bytes lie in a safetensors file."""
-
-    file: Path
-    key: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    begin: int  # absolute byte offsets in the file
-    end: int
-
-
-def _index_files(path: Path) -> dict[str, _Stored]:
-    """Stored key -> where its bytes are, from the safetensors headers alone (the format is
-    an 8-byte little-endian header length, a JSON header, then the raw tensors)."""
+def _index_files(path: Path) -> dict[str, StoredTensor]:
+    """Stored key -> where its bytes are, from the safetensors headers alone."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelNotFoundError(f"no *.safetensors file in {path}; re-run `qcal quantize`")
-    where: dict[str, _Stored] = {}
+    where: dict[str, StoredTensor] = {}
     for f in files:
         try:
-            size = f.stat().st_size
-            with open(f, "rb") as handle:
-                length = int.from_bytes(handle.read(8), "little")
-                if not 0 < length <= size - 8:
-                    raise ValueError(f"header length {length} does not fit a {size}-byte file")
-                header = json.loads(handle.read(length))
-            for key, entry in header.items():
-                if key == "__metadata__":
-                    continue
-                begin, end = (8 + length + int(o) for o in entry["data_offsets"])
-                dtype, shape = _STORED_DTYPES[entry["dtype"]], tuple(int(d) for d in entry["shape"])
-                if end > size or end - begin != math.prod(shape) * dtype.itemsize:
-                    raise ValueError(f"tensor {key} lies outside the file or has the wrong size")
-                where[key] = _Stored(f, key, dtype, shape, begin, end)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            where.update(index_file(f))
+        except (OSError, TensorFileError) as err:
             raise CheckpointError(f"checkpoint file {f} is corrupted or truncated "
                                   f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
                                   "re-create it with `qcal quantize`") from None
     return where
 
 
-def _read(stored: _Stored) -> torch.Tensor:
-    """One tensor, read straight into memory of its own. Not through a mapping of the
-    file (safetensors' own reader): pages read through a mapping count in the process's
-    memory until it closes, so an 805 MB embedding copied out of one was held twice, and
-    copying slices instead left the allocator's heap fragmented by the slices."""
-    if sys.byteorder != "little":  # the files are little-endian: let safetensors swap bytes
-        from safetensors import safe_open
-
-        with safe_open(str(stored.file), "pt") as handle:
-            return handle.get_tensor(stored.key).clone()
-    raw = np.fromfile(stored.file, dtype=np.uint8, count=stored.end - stored.begin,
-                      offset=stored.begin)
-    if raw.size != stored.end - stored.begin:
-        raise CheckpointError(f"checkpoint file {stored.file} is truncated at tensor "
-                              f"{stored.key}; re-create it with `qcal quantize`")
-    return torch.from_numpy(raw).view(stored.dtype).reshape(stored.shape)
+def _read(stored: StoredTensor) -> torch.Tensor:
+    """One tensor, read straight into memory of its own (qcal.tensor_files): an 805 MB
+    embedding copied out of a mapping was held twice, and copying slices instead left the
+    allocator's heap fragmented by the slices."""
+    try:
+        return read_stored(stored)
+    except (OSError, TensorFileError) as err:
+        raise CheckpointError(f"checkpoint file {stored.file} is truncated or unreadable "
+                              f"({err}); re-create it with `qcal quantize`") from None
 
 
 def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
@@ -175,8 +134,8 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
     _check_names(model, where, linears, method == "gptq", path)
     # The stored tensors by the module that takes them: a quantized linear (by leaf name),
     # or any other module (parameters and buffers assigned as they are).
-    of_linear: dict[str, dict[str, _Stored]] = {name: {} for name in linears}
-    rest: dict[str, dict[str, _Stored]] = {}
+    of_linear: dict[str, dict[str, StoredTensor]] = {name: {} for name in linears}
+    rest: dict[str, dict[str, StoredTensor]] = {}
     for key, stored in where.items():
         owner = _owner(key, linears)
         if owner is not None:

@@ -124,11 +124,11 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
     groups = scheme.groups_for(in_f, name)
     g = scheme.effective_group(in_f)
     w = weight.detach().to(torch.float32).clone()
-    # H is the largest matrix here (in_f^2: 822 MB for a 14336-channel input), so it is
-    # copied only where it must change: dead channels, and act-order's permutation.
+    # H is the largest matrix here (in_f^2: 822 MB for a 14336-channel input): it is never
+    # copied here; inverse_cholesky builds its permuted, dead-fixed form in its one working
+    # matrix.
     h = hessian.detach().to(device=w.device, dtype=torch.float32)
     dead = dead_columns(h)
-    any_dead = bool(dead.any())
     w[:, dead] = 0.0
 
     static: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -136,21 +136,15 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
         pairs = [group_params(w[:, s:s + g], scheme, cfg) for s in range(0, in_f, g)]
         static = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
 
+    order: torch.Tensor | None = None
     if cfg.desc_act:
         diag = h.diagonal().clone()
         diag[dead] = 1.0  # never seen: any value works, 1 keeps H invertible
-        perm = _descending(diag)  # act_order_perm of H with its dead channels fixed
-        w = w[:, perm]
-        h = h[perm]
-        h = h[:, perm]
-        dead = dead[perm]
-    else:
-        perm = torch.arange(in_f, device=w.device)
-        if any_dead:
-            h = h.clone()
-    if any_dead:
-        h[dead, dead] = 1.0
-    upper, damp = inverse_cholesky(h, cfg.damp_percent, name)
+        order = _descending(diag)  # act_order_perm of H with its dead channels fixed
+        w = w[:, order]
+        dead = dead[order]
+    perm = order if order is not None else torch.arange(in_f, device=w.device)
+    upper, damp = inverse_cholesky(h, cfg.damp_percent, name, perm=order, dead=dead)
     if damp != cfg.damp_percent:
         warnings.warn(f"{name}: the Hessian needed damp_percent={damp:g} (asked "
                       f"{cfg.damp_percent:g}) to be positive definite", stacklevel=2)
