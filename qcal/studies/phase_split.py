@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 import threading
@@ -48,7 +49,7 @@ class PhaseMeter:
 
     def __init__(self, interval: float = 0.005,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.stack = ["other (start-up, model load, export)"]
+        self.stack = ["other (start-up, calibration data, side files)"]
         self.seconds: dict[str, float] = {}
         self.peak: dict[str, int] = {}
         self.calls: dict[str, int] = {}
@@ -125,10 +126,13 @@ def _cholesky_label(hessian: Any, *_: Any, **__: Any) -> str:
 
 def instrument(meter: PhaseMeter) -> None:
     """Mark qcal's GPTQ phases (the names the modules look them up by at call time)."""
+    from qcal import run
     from qcal.methods import gptq_runner
-    from qcal.model import offload, sequential
+    from qcal.model import offload, sequential, stream
     from qcal.quant import gptq
 
+    _wrap(meter, stream, "build_skeleton", lambda *a, **k: "model skeleton (embedding, norms)")
+    _wrap(meter, run, "save_streamed_checkpoint", lambda *a, **k: "export (checkpoint shards)")
     _wrap(meter, sequential, "capture_layer0_inputs", lambda *a, **k: "layer-0 capture")
     _wrap(meter, sequential, "run_layer", lambda *a, **k: "final pass (next layer's inputs)")
     _wrap(meter, offload.DiskWeights, "load_into", lambda *a, **k: "read layer weights")
@@ -138,6 +142,39 @@ def instrument(meter: PhaseMeter) -> None:
     _wrap(meter, gptq, "inverse_cholesky", _cholesky_label)
     _wrap(meter, gptq_runner, "apply_result", lambda *a, **k: "pack + swap in QuantLinear")
     _wrap(meter, gptq_runner, "hessian_loss", lambda *a, **k: "Hessian loss")
+
+
+def memory_goal(model_dir: Path, nsamples: int, seqlen: int) -> dict[str, float]:
+    """Issue 47's bound: 2 x the bf16 size of one decoder layer + the calibration
+    activations (float32 inputs and outputs of a layer) + 1.5 GiB, from the files' headers."""
+    from qcal.tensor_files import index_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    layer0 = [t for f in sorted(model_dir.glob("*.safetensors"))
+              for k, t in index_file(f).items() if ".layers.0." in k]
+    params = sum(math.prod(t.shape) for t in layer0)
+    activations = 2 * nsamples * seqlen * int(config["hidden_size"]) * 4
+    return {"layer_params": params, "layer_bf16_gib": 2 * params / GIB,
+            "activations_gib": activations / GIB,
+            "goal_gib": (2 * 2 * params + activations) / GIB + 1.5}
+
+
+def _goal_lines(data: dict[str, Any]) -> list[str]:
+    goal = data.get("memory_goal")
+    if not goal:
+        return []
+    inside = max((r for r in data["phases"] if not r["phase"].startswith(("other", "model",
+                                                                           "export"))),
+                 key=lambda r: r["peak_rss_gib"])
+    verdict = "met" if data["peak_rss_gib"] <= goal["goal_gib"] else "NOT met"
+    return ["## The memory goal of issue 47", "",
+            f"Goal: peak RSS <= 2 x the bf16 size of one decoder layer "
+            f"({goal['layer_params'] / 1e6:.1f}M parameters: 2 x {goal['layer_bf16_gib']:.3f} GiB)"
+            f" + the calibration activations (a layer's float32 inputs and outputs: "
+            f"{goal['activations_gib']:.3f} GiB) + 1.5 GiB = {goal['goal_gib']:.2f} GiB.", "",
+            f"- Process peak {data['peak_rss_gib']:.2f} GiB ({data['peak_phase']}): {verdict}.",
+            f"- Highest inside quantization: {inside['peak_rss_gib']:.2f} GiB, in "
+            f"{inside['phase']}.", ""]
 
 
 def render(data: dict[str, Any]) -> str:
@@ -154,7 +191,7 @@ def render(data: dict[str, Any]) -> str:
     lines += ["", "Wall seconds of a phase exclude the phases nested in it (the GPTQ solve's "
               "inverse Cholesky and column loop are their own rows). RSS is sampled every 5 ms "
               "from /proc/self/statm, so a spike shorter than that can be missed.", "",
-              *data.get("notes", []), ""]
+              *_goal_lines(data), *data.get("notes", []), ""]
     return "\n".join(lines) + provenance_markdown(data["provenance"])
 
 
@@ -201,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             "quantize_seconds": log["quantize_seconds"],
             "peak_rss_gib": round(meter.top[0] / GIB, 4), "peak_phase": meter.top[1],
             "baseline_rss_gib": round(baseline / GIB, 4),
+            "memory_goal": memory_goal(target, int(FLAGS[FLAGS.index("--nsamples") + 1]),
+                                       int(FLAGS[FLAGS.index("--seqlen") + 1])),
             "provenance": provenance(command=command, model=shown(target, Path.cwd()))}
     out = args.out or results_dir() / "gptq_phase_split"
     write_results(out, data, render(data))
