@@ -100,6 +100,8 @@ class GPTQConfig:
     mse_clip: per-group grid search over shrink factors 1 - i/mse_grid (down to
     1 - mse_maxshrink) minimising |w - q|^mse_norm. act_dtype: storage dtype of the
     layer activations kept between layers ("float32", "float16", "bfloat16").
+    imatrix_clip: the same clip search with each column's error weighted by its input
+    channel's calibration energy (diag H, llama.cpp's imatrix); implies the search.
     """
 
     scheme: QuantScheme = QuantScheme()
@@ -113,6 +115,8 @@ class GPTQConfig:
     mse_maxshrink: float = 0.8
     mse_norm: float = 2.4
     act_dtype: str = "float32"
+    # Added after keys were written: joins a cache key only when set.
+    imatrix_clip: bool = dataclasses.field(default=False, metadata={"key_if_set": True})
 
     def __post_init__(self) -> None:
         if not 0 < self.damp_percent < 1:

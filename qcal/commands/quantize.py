@@ -33,8 +33,12 @@ def add_parser(sub: Any) -> None:
                         "GPTQ layout only, not for Marlin, the CPU int4 op, compressed-tensors, AWQ)")
     p.add_argument("--strict-groups", action="store_true",
                    help=argparse.SUPPRESS)  # the default now; kept so old commands still run
+    added: set[str] = set()
     for method in all_methods():  # each method's own flags, declared in its file
         for flag in method.flags:
+            if flag.dest in added:  # a flag two methods share (RTN-MSE's search settings)
+                continue
+            added.add(flag.dest)
             if flag.value_type is None:
                 p.add_argument(flag.option, action="store_true", help=flag.help)
             else:
@@ -115,15 +119,21 @@ def make_config(args: argparse.Namespace) -> Any:
     # A method's flag left at its default leaves the config's default; one given for another
     # method is an error rather than silently ignored.
     options: dict[str, Any] = {}
+    owners: dict[str, list[str]] = {}
+    for method in all_methods():
+        for flag in method.flags:
+            owners.setdefault(flag.dest, []).append(method.name)
     for method in all_methods():
         for flag in method.flags:
             value = getattr(args, flag.dest)
             if value == flag.default:
                 continue
-            if method.name != args.method:
-                raise ConfigError(f"{flag.option} is a {method.name} option; drop it or use "
-                                  f"--method {method.name}")
-            options[flag.field] = flag.config_value(value)
+            if args.method not in owners[flag.dest]:
+                names = "/".join(owners[flag.dest])
+                raise ConfigError(f"{flag.option} is a {names} option; drop it or use "
+                                  f"--method {owners[flag.dest][0]}")
+            if method.name == args.method:
+                options[flag.field] = flag.config_value(value)
     return method_config(args.method, scheme, **options)
 
 

@@ -325,6 +325,9 @@ FLAGS = (
                schema=Annotated[float, Field(gt=0, lt=1, description="a fraction in (0, 1)",
                                              examples=[0.01])]),
     MethodFlag("mse_clip", "mse_clip", "GPTQ: MSE clip search on the grid"),
+    MethodFlag("imatrix_clip", "imatrix_clip", "GPTQ: the clip search with each input "
+               "channel's error weighted by its calibration energy E[x^2] (diag H; llama.cpp's "
+               "imatrix); implies --mse-clip"),
 )
 
 METHOD = QuantMethod("gptq", GPTQConfig, True, run_gptq, checkpoint_fields, FLAGS, option_rules)

@@ -50,13 +50,24 @@ class RTNMSEConfig:
         return [1.0 - i / self.mse_grid for i in range(int(self.mse_maxshrink * self.mse_grid) + 1)]
 
 
-def mse_clip_quantize(w: torch.Tensor, cfg: RTNMSEConfig, name: str = "layer") -> QuantResult:
-    """Quantize `w` [out, in] on per-group grids whose clip minimises sum |w - q|^mse_norm.
+def mse_clip_quantize(w: torch.Tensor, cfg: RTNMSEConfig, name: str = "layer",
+                      importance: torch.Tensor | None = None) -> QuantResult:
+    """Quantize `w` [out, in] on per-group grids whose clip minimises sum |w - q|^mse_norm,
+    or, given `importance` [in] (an input channel's calibration energy E[x^2], llama.cpp's
+    imatrix), sum importance * |w - q|^mse_norm: the error where the inputs are large counts
+    for more, a diagonal estimate of the output error.
 
     `loss` is the squared error of the dequantized weight, as RTN's. A ragged last group is
     scored with zero padding, which the grid represents exactly (its range contains 0)."""
     scheme = cfg.scheme
     view = grid.group_view(w, scheme, name)
+    weights = None
+    if importance is not None:
+        if tuple(importance.shape) != (w.shape[1],):
+            raise ConfigError(f"the importances of {name} have shape {tuple(importance.shape)}, "
+                              f"its weight {tuple(w.shape)}: they must come from its inputs")
+        # Padding channels weigh 0, as they hold exact zeros.
+        weights = grid.group_view(importance.reshape(1, -1), scheme, name)
     best = best_scale = best_zero = torch.empty(0)
     for i, shrink in enumerate(cfg.shrink_factors()):
         scale, zero = grid.find_params(view, scheme.bits, scheme.sym, shrink=shrink)
@@ -64,7 +75,8 @@ def mse_clip_quantize(w: torch.Tensor, cfg: RTNMSEConfig, name: str = "layer") -
         # intgrid.fake_quantize's arithmetic in one float buffer (no integer round trip):
         # the search is this line, mse_grid * mse_maxshrink + 1 times per weight.
         err = (torch.div(view, s).round_().add_(z).clamp_(0, scheme.maxq).sub_(z).mul_(s)
-               .sub_(view).abs_().pow_(cfg.mse_norm).sum(dim=-1))
+               .sub_(view).abs_().pow_(cfg.mse_norm))
+        err = (err if weights is None else err.mul_(weights)).sum(dim=-1)
         if i == 0:  # the full range (plain RTN) is the start, whatever its error
             best, best_scale, best_zero = err, scale, zero
             continue
@@ -80,13 +92,13 @@ def _quantize_weight(weight: torch.Tensor, cfg: RTNMSEConfig, name: str) -> Quan
 
 
 FLAGS = (
-    MethodFlag("mse_grid", "mse_grid", "RTN-MSE: shrink factors 1 - i/N searched per group "
+    MethodFlag("mse_grid", "mse_grid", "RTN-MSE/RTN-imatrix: shrink factors 1 - i/N searched per group "
                "(default %(default)s)", value_type=int, default=100,
                schema=Annotated[int, Field(ge=1, description="an integer >= 1")]),
-    MethodFlag("mse_maxshrink", "mse_maxshrink", "RTN-MSE: the most a group's range may shrink, "
+    MethodFlag("mse_maxshrink", "mse_maxshrink", "RTN-MSE/RTN-imatrix: the most a group's range may shrink, "
                "a fraction in [0, 1) (default %(default)s)", value_type=float, default=0.8,
                schema=Annotated[float, Field(ge=0, lt=1, description="a fraction in [0, 1)")]),
-    MethodFlag("mse_norm", "mse_norm", "RTN-MSE: the error each clip is scored by, sum "
+    MethodFlag("mse_norm", "mse_norm", "RTN-MSE/RTN-imatrix: the error each clip is scored by, sum "
                "|w - q|^p (default %(default)s; 2: squared error)", value_type=float, default=2.4,
                # inf would score every clip alike and turn the search off silently (issue 52)
                schema=Annotated[float, Field(gt=0, allow_inf_nan=False,

@@ -34,15 +34,18 @@ def _store_scale(scale: torch.Tensor) -> torch.Tensor:
 
 
 def group_params(
-    w: torch.Tensor, scheme: QuantScheme, cfg: GPTQConfig
+    w: torch.Tensor, scheme: QuantScheme, cfg: GPTQConfig,
+    importance: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale [rows], zero [rows]) of the grid for the columns of `w` [rows, cols].
 
     With `cfg.mse_clip`, each row's range is shrunk by the factor (searched over
-    1 - i / mse_grid) that minimises sum |w - q|^mse_norm, as in the GPTQ reference.
+    1 - i / mse_grid) that minimises sum |w - q|^mse_norm, as in the GPTQ reference; with
+    `cfg.imatrix_clip` each column's error is weighted by `importance` [cols] (its input
+    channel's calibration energy: diag H).
     """
     scale, zero = grid.find_params(w, scheme.bits, scheme.sym)
-    if cfg.mse_clip:
+    if cfg.mse_clip or cfg.imatrix_clip:
         w = w.float()
         best = torch.full((w.shape[0],), float("inf"), device=w.device)
         for i in range(int(cfg.mse_maxshrink * cfg.mse_grid) + 1):
@@ -50,7 +53,8 @@ def group_params(
             s, z = grid.find_params(w, scheme.bits, scheme.sym, shrink=shrink)
             s = _store_scale(s)
             q = grid.fake_quantize(w, s.unsqueeze(1), z.unsqueeze(1), scheme.maxq)
-            err = (q - w).abs_().pow_(cfg.mse_norm).sum(dim=1)
+            err = (q - w).abs_().pow_(cfg.mse_norm)
+            err = (err if importance is None else err.mul_(importance)).sum(dim=1)
             better = err < best
             best = torch.where(better, err, best)
             scale = torch.where(better, s, scale)
@@ -130,10 +134,14 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
     h = hessian.detach().to(device=w.device, dtype=torch.float32)
     dead = dead_columns(h)
     w[:, dead] = 0.0
+    # imatrix clipping's column weights: each input channel's mean square, diag H / 2 (the
+    # factor is common to all columns, so diag H itself; a dead channel weighs nothing).
+    imp = h.diagonal().clone() if cfg.imatrix_clip else None
 
     static: tuple[torch.Tensor, torch.Tensor] | None = None
     if cfg.static_groups and scheme.group_size != -1:
-        pairs = [group_params(w[:, s:s + g], scheme, cfg) for s in range(0, in_f, g)]
+        pairs = [group_params(w[:, s:s + g], scheme, cfg, None if imp is None else imp[s:s + g])
+                 for s in range(0, in_f, g)]
         static = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
 
     order: torch.Tensor | None = None
@@ -143,6 +151,7 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
         order = _descending(diag)  # act_order_perm of H with its dead channels fixed
         w = w[:, order]
         dead = dead[order]
+        imp = None if imp is None else imp[order]
     perm = order if order is not None else torch.arange(in_f, device=w.device)
     upper, damp = inverse_cholesky(h, cfg.damp_percent, name, perm=order, dead=dead)
     if damp != cfg.damp_percent:
@@ -150,7 +159,7 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
                       f"{cfg.damp_percent:g}) to be positive definite", stacklevel=2)
     del h
 
-    codes, scales, zeros = _quantize_columns(w, upper, perm, static, scheme, cfg, g)
+    codes, scales, zeros = _quantize_columns(w, upper, perm, static, scheme, cfg, g, imp)
     del upper, w
     codes = codes.contiguous()  # only now: the factor and w (in^2 + out x in floats) are gone
 
@@ -176,10 +185,11 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
 def _quantize_columns(
     w: torch.Tensor, upper: torch.Tensor, perm: torch.Tensor,
     static: tuple[torch.Tensor, torch.Tensor] | None, scheme: QuantScheme, cfg: GPTQConfig, g: int,
+    importance: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The GPTQ loop over the (permuted) columns of `w`, updated in place; returns the
     codes in visiting order (a transposed view) and the grids of the groups as they were
-    formed."""
+    formed. `importance` [in], in the same column order, weights imatrix clipping."""
     out_f, in_f = w.shape
     # The loop works on columns, so it keeps them as contiguous rows (codes and each block
     # transposed): a rank-1 update of a contiguous block runs ~9x faster than of the
@@ -189,7 +199,7 @@ def _quantize_columns(
     zeros: list[torch.Tensor] = []
     scale = zero = torch.empty(0)
     if scheme.group_size == -1:
-        scale, zero = group_params(w, scheme, cfg)
+        scale, zero = group_params(w, scheme, cfg, importance)
         scales, zeros = [scale], [zero]
     for i1 in range(0, in_f, cfg.block_size):
         i2 = min(i1 + cfg.block_size, in_f)
@@ -207,7 +217,8 @@ def _quantize_columns(
                     seg = w1_t[i:i + g].T
                     if i + g > i2 - i1:
                         seg = torch.cat([seg, w[:, i2:col + g]], dim=1)
-                    scale, zero = group_params(seg.contiguous(), scheme, cfg)
+                    scale, zero = group_params(seg.contiguous(), scheme, cfg, None if importance
+                                               is None else importance[col:col + g])
                     scales.append(scale)
                     zeros.append(zero)
                 col_w = w1_t[i]

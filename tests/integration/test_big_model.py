@@ -21,6 +21,7 @@ from torch import nn
 from qcal.cli import main
 from qcal.config import AWQConfig, GPTQConfig, QuantScheme, RTNConfig
 from qcal.methods.hqq import HQQConfig
+from qcal.methods.rtn_imatrix import RTNImatrixConfig
 from qcal.methods.rtn_mse import RTNMSEConfig
 from qcal.model import offload, stream
 from qcal.model.shards import INDEX_NAME
@@ -31,7 +32,8 @@ LAYERS = 3
 CONFIGS = {"rtn": RTNConfig(QuantScheme(4, 32)), "gptq": GPTQConfig(QuantScheme(4, 32)),
            "awq": AWQConfig(QuantScheme(4, 32)),
            "rtn-mse": RTNMSEConfig(QuantScheme(4, 32), mse_grid=20),
-           "hqq": HQQConfig(QuantScheme(4, 32), iters=5)}
+           "hqq": HQQConfig(QuantScheme(4, 32), iters=5),
+           "rtn-imatrix": RTNImatrixConfig(QuantScheme(4, 32), mse_grid=20)}
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +86,11 @@ def _materialized_layers(model: nn.Module) -> int:
                for layer in model.model.layers)
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq", "awq"])
+@pytest.mark.parametrize("method", ["rtn", "gptq", "awq", "rtn-imatrix"])
 def test_quantize_holds_one_float_layer_at_a_time(sharded_model: Path, calib_text: Path,
                                                   tmp_path: Path, method: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QCAL_RUNS_DIR", str(tmp_path / "runs"))  # rtn-imatrix's energies
     models: list[nn.Module] = []
     seen: list[int] = []
     build, load = stream.build_skeleton, offload.DiskWeights._load
@@ -114,9 +117,10 @@ def test_quantize_holds_one_float_layer_at_a_time(sharded_model: Path, calib_tex
     assert all(p.is_meta for p in models[0].parameters())
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq", "awq", "rtn-mse", "hqq"])
+@pytest.mark.parametrize("method", ["rtn", "gptq", "awq", "rtn-mse", "hqq", "rtn-imatrix"])
 def test_streamed_checkpoint_is_byte_identical_to_full_load(sharded_model: Path, tmp_path: Path,
-                                                            method: str) -> None:
+                                                            method: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from qcal.methods import RunOptions
     from qcal.run import quantize_model_dir
 
@@ -129,6 +133,8 @@ def test_streamed_checkpoint_is_byte_identical_to_full_load(sharded_model: Path,
     for out, opts in ((tmp_path / "streamed", RunOptions(device="cpu", progress=False,
                                                          work_dir=work)),
                       (tmp_path / "full", RunOptions(device="cpu", progress=False))):
+        # Each run measures rtn-imatrix's energies itself (no cache shared between them).
+        monkeypatch.setenv("QCAL_RUNS_DIR", str(out) + ".runs")
         quantize_model_dir(sharded_model, method, CONFIGS[method], out, calib, opts=opts)
     assert (work / "layer_0000.safetensors").is_file()  # the streamed run did stream
     digest = [hashlib.sha256((tmp_path / d / "model.safetensors").read_bytes()).hexdigest()
