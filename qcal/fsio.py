@@ -90,6 +90,7 @@ def check_output(out: Path | str, kind: str, *, overwrite: bool = False,
                 f"output {out} is {what} or one of its parents; writing there would replace "
                 "it: choose a new directory for -o (e.g. runs/<name>)"
             )
+    refuse_inside_inputs(out, protected)
     if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
         raise ConfigError(f"output {out} is a root or home directory; choose a new directory for -o")
     if not out.exists() and not out.is_symlink():
@@ -131,12 +132,28 @@ def wrote_result_file(path: Path) -> bool:
     return "\n- Command: `" in head and "\n- Date: " in head and "\n- Machine: " in head
 
 
+def refuse_inside_inputs(out: Path | str, inputs: tuple[Path | str | None, ...]) -> None:
+    """An output inside an input folder would change that input (a model folder gaining a
+    safetensors file that qcal then reads as weights, its config.json replaced): refused,
+    whatever --overwrite says."""
+    resolved = Path(out).expanduser().absolute().resolve()
+    for inp in inputs:
+        if inp is None or not Path(inp).expanduser().is_dir():
+            continue
+        folder = Path(inp).expanduser().resolve()
+        if resolved != folder and _is_within(resolved, folder):
+            raise ConfigError(f"output {out} lies inside the input folder {inp}; writing there "
+                              "would change that input: choose -o outside it")
+
+
 def check_file_outputs(main: Path | str, companions: tuple[Path | str, ...] = (), *,
-                       overwrite: bool = False) -> None:
+                       overwrite: bool = False, inputs: tuple[Path | str | None, ...] = ()) -> None:
     """The file twin of `check_output`: `main` (a results JSON/Markdown) and its
     `companions` (plots, item lists written beside it) may be replaced only when qcal wrote
     them (companions count as qcal's when `main` is), else only with `--overwrite`. A
-    directory or a symlink in the way is refused either way."""
+    directory or a symlink in the way is refused either way, and so is any of them inside
+    an `inputs` folder."""
+    refuse_inside_inputs(main, inputs)
     main = Path(main).expanduser().absolute()
     owned = not main.exists() or wrote_result_file(main)
     for path in (main, *map(Path, companions)):
@@ -277,11 +294,13 @@ def write_dir_atomically(out_dir: Path | str, fill: Callable[[Path], None], kind
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_siblings(out_dir)
+    before = _identity(out_dir)  # what check_output allowed to be replaced
     tmp = Path(tempfile.mkdtemp(prefix=_tmp_sibling(out_dir), dir=out_dir.parent))
     try:
         (tmp / MARKER).write_text(marker_text(kind), encoding="utf-8")
         fill(tmp)
         tmp.chmod(0o777 & ~_umask())  # mkdtemp creates 0700
+        _recheck_destination(out_dir, before, tmp, kind)
         if out_dir.exists() or out_dir.is_symlink():
             old = out_dir.with_name(f".{out_dir.name}{OLD_INFIX}{_HOST}-{os.getpid()}-x")
             out_dir.rename(old)
@@ -295,6 +314,33 @@ def write_dir_atomically(out_dir: Path | str, fill: Callable[[Path], None], kind
             raise _disk_full(err, out_dir) from None
         raise
     return out_dir
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _recheck_destination(out_dir: Path, before: tuple[int, int] | None, tmp: Path,
+                         kind: str) -> None:
+    """The output was checked when the run started; what stands at `out_dir` now may be
+    something else (a folder the user made meanwhile). Replace only what was there then, or
+    an empty folder, or a qcal output; otherwise keep the result beside it and say so."""
+    now = _identity(out_dir)
+    if now is None or now == before:
+        return
+    if out_dir.is_dir() and not out_dir.is_symlink() and (
+            read_marker(out_dir) is not None or not any(out_dir.iterdir())):
+        return
+    keep = out_dir.with_name(f"{out_dir.name}.qcal-new")
+    if keep.exists() or keep.is_symlink():
+        keep = out_dir.with_name(f"{out_dir.name}.qcal-new-{os.getpid()}")
+    tmp.rename(keep)
+    raise ConfigError(f"{out_dir} appeared while qcal was writing and holds something qcal did "
+                      f"not write: it was left untouched; the finished {kind} is in {keep}")
 
 
 def _remove(path: Path) -> None:

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(local_task_names()))
         return 0
     if args.output:
-        check_eval_output(args.output, args.overwrite)  # before the model loads
+        # before the model loads; never inside the model's or the base's folder
+        check_eval_output(args.output, args.overwrite, (args.model, args.base))
     tasks = tuple(t for t in (args.tasks or "").split(",") if t.strip())
     ppl = args.ppl or not tasks
     langs: tuple[str, ...] = ()
@@ -124,12 +125,14 @@ def eval_output_files(output: Path) -> tuple[Path, list[Path]]:
     return stem.with_suffix(".json"), side
 
 
-def check_eval_output(output: Path, overwrite: bool) -> None:
-    """`-o notes` replaces notes.json/notes.md only when qcal wrote them (else --overwrite)."""
+def check_eval_output(output: Path, overwrite: bool,
+                      inputs: tuple[Path | str | None, ...] = ()) -> None:
+    """`-o notes` replaces notes.json/notes.md only when qcal wrote them (else --overwrite),
+    and never inside an `inputs` folder (the model evaluated, its base)."""
     from qcal.fsio import check_file_outputs
 
     main, side = eval_output_files(output)
-    check_file_outputs(main, tuple(side), overwrite=overwrite)
+    check_file_outputs(main, tuple(side), overwrite=overwrite, inputs=inputs)
 
 
 def _print_summary(data: dict[str, Any]) -> None:

@@ -1,0 +1,64 @@
+"""Outputs guarded to the end (issue 52): a destination that changes while qcal writes is
+left alone with the result kept beside it, and no output may land inside an input folder."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from cli_cases import Cli
+
+from qcal.errors import ConfigError
+from qcal.fsio import write_dir_atomically
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_folder_made_during_the_write_is_left_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+
+    def fill_while_the_user_makes_the_folder(tmp: Path) -> None:
+        (tmp / "model.safetensors").write_bytes(b"result")
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's own file")
+
+    with pytest.raises(ConfigError, match=r"appeared while qcal was writing .* is in .*ckpt\.qcal-new"):
+        write_dir_atomically(out, fill_while_the_user_makes_the_folder, "checkpoint")
+    assert (out / "notes.txt").read_text() == "the user's own file"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert (tmp_path / "ckpt.qcal-new" / "model.safetensors").read_bytes() == b"result"
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "empty folder", "qcal output"])
+def test_what_may_be_replaced_still_is(tmp_path: Path, meanwhile: str) -> None:
+    out = tmp_path / "ckpt"
+    if meanwhile == "qcal output":  # an earlier qcal result, replaced as --overwrite allowed
+        write_dir_atomically(out, lambda tmp: (tmp / "old").write_text("old"), "checkpoint")
+
+    def fill(tmp: Path) -> None:
+        (tmp / "new").write_text("new")
+        if meanwhile == "empty folder":
+            out.mkdir()
+
+    write_dir_atomically(out, fill, "checkpoint")
+    assert (out / "new").read_text() == "new" and not (out / "old").exists()
+    assert not (tmp_path / "ckpt.qcal-new").exists()
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+
+def test_outputs_inside_the_model_folder_are_refused(cli: Cli, home: Path) -> None:
+    model = home / "mymodel"
+    before = _digests(model)
+    cli.refused("eval", "--model", model, "--ppl", "--text", home / "calib.txt", "-o",
+                model / "config", "--overwrite", match="lies inside the input folder",
+                case="eval -o MODEL/config --overwrite")
+    cli.refused("eval", "--model", model, "--ppl", "--text", home / "calib.txt", "-o",
+                model / "results", match="lies inside the input folder",
+                case="eval -o MODEL/results")
+    cli.refused("quantize", "--model", model, "--method", "rtn", "--group-size", "32", "-o",
+                model / "q4", match="lies inside the input folder", case="quantize -o MODEL/q4")
+    assert _digests(model) == before
