@@ -74,6 +74,30 @@ def _short_name_dir(model: str | Path) -> Path | None:
     return None
 
 
+def check_plain_files(folder: Path) -> None:
+    """Every file of a model folder must be a regular file (links to one are fine, as in the
+    Hub cache): a FIFO or a device would block the first read forever, and a dangling or
+    looping link fails deep inside a loader. Checked by stat alone, nothing is opened."""
+    import stat
+
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"{folder} is not a directory; pass a Hugging Face model folder")
+    for entry in sorted(folder.iterdir()):
+        try:
+            mode = entry.stat().st_mode  # follows links
+        except FileNotFoundError:
+            raise ModelNotFoundError(f"{entry} is a broken link; restore the file it points to "
+                                     "or remove the link") from None
+        except OSError as err:
+            raise ModelNotFoundError(f"{entry} cannot be read ({err.strerror}: a link loop?); "
+                                     "replace it with the file itself") from None
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+            raise ModelNotFoundError(f"{entry} is {kind}, not a regular file; a model folder "
+                                     "holds plain files only: replace it with the file itself")
+
+
 def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False) -> Path:
     """The local directory of `model` (None: the embedded default model; a bare name such as
     gemma-3-270m: models/<name> when no such path exists here), checked."""
@@ -97,6 +121,7 @@ def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False)
                 "(config.json + *.safetensors + tokenizer), a Hub id (org/name), the name of one under "
                 f"{models_dir()} or omit --model for the default model"
             )
+        check_plain_files(path)
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
                 f"{path} has no config.json; it is not a Hugging Face model directory"

@@ -1,0 +1,56 @@
+"""A model folder holding something other than plain files (issue 52) is refused in one
+line, by stat alone, before anything is opened: a FIFO as model.safetensors used to block
+open() for minutes, ignoring SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from cli_cases import Cli
+
+pytestmark = pytest.mark.integration
+
+
+def _with(home: Path, name: str, make: str) -> Path:
+    model = home / f"m-{make}"
+    shutil.copytree(home / "mymodel", model)
+    target = model / name
+    target.unlink()
+    if make == "fifo":
+        os.mkfifo(target)
+    elif make == "dangling":
+        target.symlink_to(model / "nowhere.json")
+    elif make == "loop":
+        (model / "loop-b").symlink_to(target)
+        target.symlink_to(model / "loop-b")
+    return model
+
+
+@pytest.mark.parametrize(("name", "make", "match"), [
+    ("model.safetensors", "fifo", "is a FIFO, not a regular file"),
+    ("tokenizer.json", "dangling", "is a broken link"),
+    ("config.json", "loop", "a link loop"),
+])
+def test_non_plain_files_are_refused_without_opening(cli: Cli, home: Path, tmp_path: Path,
+                                                     name: str, make: str, match: str) -> None:
+    model = _with(home, name, make)
+    out = tmp_path / "never"
+
+    def hung(*_: object) -> None:
+        raise AssertionError("qcal blocked on the folder's file")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        cli.refused("quantize", "--model", model, "--method", "rtn", "--group-size", "32",
+                    "-o", out, match=match, case=f"model folder: {name} is {make}")
+        cli.refused("eval", "--model", model, "--ppl", match=match,
+                    case=f"eval: model folder {name} is {make}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not out.exists()
