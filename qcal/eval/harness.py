@@ -57,8 +57,48 @@ def offline_env() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-def task_manager(include_paths: Sequence[Path | str] = (), names: Sequence[str] = ()) -> Any:
+# lm-eval's YAML tag that imports a Python function from a file beside the task config.
+CODE_TAG = "!function"
+_MAX_SCANNED = 10_000  # task files read per --include-path folder before giving up
+
+
+def _qcal_loader(yaml_path: Path, text: str) -> bool:
+    """True when every `!function` of a task file names qcal's own JSONL loader, byte for
+    byte the one `qcal.eval.local_tasks.write_task` puts beside the tasks it writes."""
+    import re
+
+    targets = re.findall(re.escape(CODE_TAG) + r"\s+([\w.]+)", text)
+    own = (tasks_dir() / "loader.py").read_bytes()
+    for target in targets:
+        module = yaml_path.parent / (target.rsplit(".", 1)[0].replace(".", "/") + ".py")
+        if not module.is_file():
+            continue  # nothing there to run: the task's own checks say what is missing
+        if target != "loader.load" or module.read_bytes() != own:
+            return False
+    return len(targets) == text.count(CODE_TAG)
+
+
+def refuse_task_code(folder: Path) -> None:
+    """A task folder whose YAMLs import Python (lm-eval's `!function`) runs that code when
+    the tasks load: like a model's own code, only with --trust-remote-code. qcal's own
+    JSONL loader (tasks written by `qcal.eval.local_tasks`) is the one exception."""
+    for i, path in enumerate(sorted(folder.rglob("*.y*ml"))):
+        if i >= _MAX_SCANNED:
+            raise TaskError(f"--include-path {folder} holds more than {_MAX_SCANNED} task files; "
+                            "point it at the folder of the tasks you run")
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as err:
+            raise TaskError(f"task file {path} cannot be read ({err.strerror})") from None
+        if CODE_TAG in text and not _qcal_loader(path, text):
+            raise TaskError(f"task file {path} imports Python ({CODE_TAG}), which runs when the "
+                            "tasks load; pass --trust-remote-code if you trust that folder")
+
+
+def task_manager(include_paths: Sequence[Path | str] = (), names: Sequence[str] = (),
+                 trust_code: bool = False) -> Any:
     """lm-eval's TaskManager over qcal's local tasks, `include_paths` and lm-eval's own.
+    A user's `include_paths` may import Python only with `trust_code`.
 
     Indexing lm-eval's ~15k bundled task configs takes seconds, so when every name in
     `names` is a local task the bundled ones are left out.
@@ -72,6 +112,8 @@ def task_manager(include_paths: Sequence[Path | str] = (), names: Sequence[str] 
     for p in paths[1:]:
         if not Path(p).is_dir():
             raise TaskError(f"--include-path {p} is not a directory of lm-eval task YAMLs")
+        if not trust_code:
+            refuse_task_code(Path(p))
     provisioned = benchmark_tasks_dir()
     if provisioned is not None:  # arc_easy, hellaswag, mmlu, ... on local data
         paths.append(str(provisioned))

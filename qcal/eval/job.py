@@ -182,7 +182,7 @@ def run_evaluation(
     if cfg.tasks:  # resolve tasks and check item files before any model loads
         from qcal.eval.harness import resolve_tasks, task_manager
 
-        tm = task_manager(include_paths, cfg.tasks)
+        tm = task_manager(include_paths, cfg.tasks, trust_code=trust_remote_code)
         tasks = resolve_tasks(cfg.tasks, tm, include_paths)
     texts = _texts(cfg, text_file) if cfg.ppl else {}
     model_dir = resolve_model_dir(model, trust_remote_code)
@@ -253,7 +253,7 @@ def _run_vllm(model: str | Path | None, cfg: EvalConfig, include_paths: Sequence
         raise ConfigError("--backend vllm runs lm-eval --tasks only; perplexity and drift "
                           "(--base) run on the hf backend")
     model_dir = resolve_model_dir(model, trust_remote_code)
-    tm = task_manager(include_paths, cfg.tasks)
+    tm = task_manager(include_paths, cfg.tasks, trust_code=trust_remote_code)
     tasks = resolve_tasks(cfg.tasks, tm, include_paths)
     run = run_tasks(vllm_lm(model_dir, cfg.task_batch_size), load_tokenizer(model_dir), tasks, tm,
                     cfg.task_batch_size, cfg.limit, cfg.num_fewshot, desc="vllm",

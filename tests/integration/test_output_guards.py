@@ -62,3 +62,32 @@ def test_outputs_inside_the_model_folder_are_refused(cli: Cli, home: Path) -> No
     cli.refused("quantize", "--model", model, "--method", "rtn", "--group-size", "32", "-o",
                 model / "q4", match="lies inside the input folder", case="quantize -o MODEL/q4")
     assert _digests(model) == before
+
+
+def test_task_folders_that_import_python_need_the_opt_in(cli: Cli, home: Path,
+                                                         tmp_path: Path) -> None:
+    """lm-eval's `!function` imports Python from the task folder when the tasks load."""
+    tasks = tmp_path / "tasks"
+    (tasks / "sub").mkdir(parents=True)
+    (tasks / "sub" / "evil.yaml").write_text("task: evil\ncustom_dataset: !function hooks.load\n")
+    (tasks / "sub" / "hooks.py").write_text("raise SystemExit('the hook ran')\n")
+    cli.refused("eval", "--model", home / "mymodel", "--tasks", "evil", "--include-path", tasks,
+                match="imports Python (!function)", case="eval --include-path with !function")
+    from qcal.eval.harness import refuse_task_code
+
+    (tasks / "sub" / "evil.yaml").write_text("task: plain\n")
+    refuse_task_code(tasks)  # a folder of plain task YAMLs passes
+
+
+def test_qcal_written_tasks_load_without_the_opt_in_but_not_once_edited(tmp_path: Path) -> None:
+    from qcal.errors import QcalError
+    from qcal.eval.harness import refuse_task_code
+    from qcal.eval.local_tasks import write_task
+
+    items = [{"context": "a b", "choices": ["c", "d"], "gold": 0, "id": "x/0"}]
+    write_task(tmp_path, "mine", items, "en")
+    refuse_task_code(tmp_path)  # qcal's own loader, byte for byte
+    loader = tmp_path / "loader.py"
+    loader.write_text(loader.read_text() + "\nimport os  # edited\n")
+    with pytest.raises(QcalError, match="imports Python"):
+        refuse_task_code(tmp_path)
