@@ -138,7 +138,39 @@ def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False)
                 ".save_pretrained(dir, safe_serialization=True)`"
             )
         raise ModelNotFoundError(f"{path} holds no weights (*.safetensors)")
+    check_weight_set(path)
     return path
+
+
+def check_weight_set(folder: Path) -> None:
+    """The folder's weights must be one unambiguous set, the one transformers loads: the
+    shards its index names (all present), or model.safetensors alone. A stray extra
+    safetensors file would otherwise be read by qcal and not by transformers."""
+    index = folder / "model.safetensors.index.json"
+    present = {f.name for f in folder.glob("*.safetensors")}
+    if index.is_file():
+        try:
+            named = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            raise ModelNotFoundError(f"{index} is not a safetensors index (JSON with a "
+                                     "weight_map); restore it from the original model") from None
+        if not all(isinstance(n, str) for n in named):
+            raise ModelNotFoundError(f"{index} names shards that are not file names; restore it")
+        missing, stray = sorted(named - present), sorted(present - named)
+        if missing:
+            raise ModelNotFoundError(f"{index} names {missing[0]}, which {folder} lacks; restore "
+                                     "the missing shard")
+        if stray:
+            raise ModelNotFoundError(f"{folder / stray[0]} is not in {index.name}: transformers "
+                                     "loads only the indexed shards; move it out of the folder")
+    elif present != {"model.safetensors"}:
+        extra = sorted(present - {"model.safetensors"})
+        what = (f"{extra[0]} besides model.safetensors" if "model.safetensors" in present
+                else f"{extra[0]} but no model.safetensors" if len(present) == 1
+                else f"{len(present)} safetensors files and no model.safetensors.index.json")
+        raise ModelNotFoundError(f"{folder} holds {what}: transformers would load "
+                                 "model.safetensors alone (or an index naming the shards); "
+                                 "move the others out of the folder")
 
 
 def check_weight_files(path: Path, check_finite: bool = True) -> int:

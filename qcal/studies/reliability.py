@@ -29,11 +29,17 @@ SUITE = ("tests/integration/test_bad_input_safety.py",
          "tests/integration/test_bad_input_schema.py",
          "tests/integration/test_bad_input_model.py",
          "tests/integration/test_bad_input_outputs.py",
-         "tests/integration/test_bad_input_boundary.py")
+         "tests/integration/test_bad_input_boundary.py",
+         "tests/integration/test_bad_input_guards.py",
+         "tests/integration/test_bad_input_folders.py")
 # Cases of the earlier suites carry no pattern of their own: grouped by their file.
 MODULE_PATTERN = {
     "test_bad_input_safety": "0a. Never lose a user's file; names are plain; no code runs",
     "test_bad_input_errors": "0b. One clear line instead of a traceback; hygiene",
+    "test_bad_input_guards": "7. Outputs guarded to the end, never inside an input; task code "
+                             "only with the opt-in (issue 52)",
+    "test_bad_input_folders": "8. A model folder: plain files only, one unambiguous weight set "
+                              "(issue 52)",
 }
 
 

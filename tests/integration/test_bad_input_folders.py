@@ -54,3 +54,40 @@ def test_non_plain_files_are_refused_without_opening(cli: Cli, home: Path, tmp_p
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert not out.exists()
+
+
+def _copy(home: Path, name: str) -> Path:
+    model = home / name
+    shutil.copytree(home / "mymodel", model)
+    return model
+
+
+@pytest.mark.parametrize(("case", "match"), [
+    ("stray file", "extra.safetensors besides model.safetensors"),
+    ("index beside a full file", "model.safetensors is not in model.safetensors.index.json"),
+    ("index naming a missing shard", "names model-00002-of-00002.safetensors, which"),
+    ("index not JSON", "is not a safetensors index"),
+])
+def test_an_ambiguous_weight_set_is_refused(cli: Cli, home: Path, tmp_path: Path, case: str,
+                                            match: str) -> None:
+    """qcal must read the weights transformers loads, or refuse: never other ones."""
+    import json
+
+    model = _copy(home, case.replace(" ", "-"))
+    index = model / "model.safetensors.index.json"
+    if case == "stray file":
+        shutil.copy(model / "model.safetensors", model / "extra.safetensors")
+    elif case == "index beside a full file":
+        shutil.copy(model / "model.safetensors", model / "model-00001-of-00001.safetensors")
+        index.write_text(json.dumps({"weight_map": {"lm_head.weight":
+                                                    "model-00001-of-00001.safetensors"}}))
+    elif case == "index naming a missing shard":
+        (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+        index.write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                    "b": "model-00002-of-00002.safetensors"}}))
+    else:
+        index.write_text("{not json")
+    out = tmp_path / "never"
+    cli.refused("quantize", "--model", model, "--method", "rtn", "--group-size", "32", "-o", out,
+                match=match, case=f"model folder: {case}")
+    assert not out.exists()
