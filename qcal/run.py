@@ -205,7 +205,7 @@ def quantize_layers(source: Source, method: str, config: Any, calib_ids: torch.T
     modules re-expressed as linears (Conv1D, fused experts): their files name others.
     """
     quant_method = METHODS.get(method)
-    if not isinstance(config, quant_method.config_cls):
+    if type(config) is not quant_method.config_cls:  # exact: RTN-imatrix extends RTN-MSE
         raise ConfigError(f"method {method!r} takes a {quant_method.config_cls.__name__}")
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")

@@ -32,9 +32,10 @@ def all_methods() -> tuple[QuantMethod, ...]:
 
 
 def method_for_config(config: object) -> QuantMethod:
-    """The method whose config type `config` is (configs dispatch by type, not by name)."""
+    """The method whose config type `config` is (configs dispatch by type, not by name;
+    the exact type, as RTN-imatrix's config extends RTN-MSE's)."""
     for method in all_methods():
-        if isinstance(config, method.config_cls):
+        if type(config) is method.config_cls:
             return method
     raise TypeError(f"{type(config).__name__} is not the config of a registered method")
 

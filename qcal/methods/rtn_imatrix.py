@@ -22,9 +22,8 @@ import torch
 from safetensors.torch import load_file, save
 from torch import nn
 
-from qcal.config import QuantScheme
 from qcal.fsio import atomic_write_bytes
-from qcal.methods.registry import QuantMethod, RunOptions
+from qcal.methods.registry import QuantMethod, RunOptions, selection_tag
 from qcal.methods.rtn import weight_only_runner
 from qcal.methods.rtn_mse import FLAGS as MSE_FLAGS
 from qcal.methods.rtn_mse import RTNMSEConfig, mse_clip_quantize
@@ -41,16 +40,9 @@ ENERGY_FORMAT = "qcal-imatrix/1"  # the file's metadata: what the vectors are
 
 
 @dataclasses.dataclass(frozen=True)
-class RTNImatrixConfig:
-    """RTN-MSE's search (same fields, same defaults) weighted by E[x^2] per input channel."""
-
-    scheme: QuantScheme = QuantScheme()
-    mse_grid: int = 100
-    mse_maxshrink: float = 0.8
-    mse_norm: float = 2.4
-
-    def search(self) -> RTNMSEConfig:
-        return RTNMSEConfig(self.scheme, self.mse_grid, self.mse_maxshrink, self.mse_norm)
+class RTNImatrixConfig(RTNMSEConfig):
+    """RTN-MSE's search, its fields, defaults and checks, weighted by E[x^2] per input
+    channel. A type of its own: configs dispatch to their method by exact type."""
 
 
 def channel_energy(model: nn.Module, arch: ArchSpec, calib: torch.Tensor,
@@ -96,8 +88,6 @@ def load_or_measure(model: nn.Module, calib: torch.Tensor,
                     opts: RunOptions) -> dict[str, torch.Tensor]:
     """The importances of this model and these ids: read from their cache file, or measured
     and written there (atomically: an interrupted pass leaves no file)."""
-    from qcal.methods.registry import selection_tag
-
     path = energy_file(model, calib, selection_tag(opts.selection))
     if path.is_file():
         opts.log(f"imatrix: reusing {path.name} (same model and calibration ids)")
@@ -116,7 +106,7 @@ def run_rtn_imatrix(model: nn.Module, cfg: RTNImatrixConfig, calib: torch.Tensor
     energy = load_or_measure(model, calib, opts)
 
     def quantize(weight: torch.Tensor, config: RTNImatrixConfig, name: str) -> QuantResult:
-        return mse_clip_quantize(weight, config.search(), name, importance=energy[name])
+        return mse_clip_quantize(weight, config, name, importance=energy[name])
 
     # The layers are read from the files again (streamed) or are still the float ones: the
     # energy pass changes no weight.

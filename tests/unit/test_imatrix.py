@@ -85,3 +85,16 @@ def test_the_new_gptq_field_leaves_existing_cache_keys_alone() -> None:
 
     assert "imatrix_clip" not in _canonical(GPTQConfig(QuantScheme(4, 128)))
     assert _canonical(GPTQConfig(QuantScheme(4, 128), imatrix_clip=True))["imatrix_clip"] is True
+
+
+def test_the_imatrix_config_is_rtn_mses_with_its_checks_and_its_own_method() -> None:
+    """It extends RTN-MSE's config (fields, defaults, checks at construction), yet
+    dispatches to its own method and is refused where RTN-MSE's is wanted."""
+    from qcal.methods import method_for_config
+    from qcal.methods.rtn_imatrix import RTNImatrixConfig
+
+    with pytest.raises(ConfigError, match="mse_grid"):
+        RTNImatrixConfig(mse_grid=0)
+    assert method_for_config(RTNImatrixConfig()).name == "rtn-imatrix"
+    assert method_for_config(RTNMSEConfig()).name == "rtn-mse"
+    assert RTNImatrixConfig() != RTNMSEConfig()
