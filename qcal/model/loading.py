@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from qcal.errors import CheckpointError, ModelNotFoundError, RemoteCodeError
+from qcal.model.config_rules import check_config
 from qcal.model.hub import parse_hub_id, snapshot_dir
 from qcal.model.offload import check_finite as require_finite
 from qcal.paths import PROVISIONED_MODELS, default_model_dir, models_dir
@@ -25,13 +26,21 @@ from qcal.paths import PROVISIONED_MODELS, default_model_dir, models_dir
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+CONFIG_MAX_BYTES = 4 << 20
 
 
 def read_model_config(path: Path) -> dict[str, Any]:
     """config.json of a model directory as a dict; one clear error when it is unusable."""
     cfg = Path(path) / "config.json"
+    if cfg.stat().st_size > CONFIG_MAX_BYTES:
+        raise ModelNotFoundError(f"{cfg} is {cfg.stat().st_size:,} bytes; a model config is a "
+                                 f"few kilobytes (at most {CONFIG_MAX_BYTES:,} are read): "
+                                 "restore it from the original model")
     try:
         raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ModelNotFoundError(f"{cfg} nests deeper than JSON readers allow; restore it from "
+                                 "the original model") from None
     except UnicodeDecodeError:
         raise ModelNotFoundError(f"{cfg} is not UTF-8 text; restore it from the original "
                                  "model") from None
@@ -139,6 +148,7 @@ def resolve_model_dir(model: str | Path | None, trust_remote_code: bool = False)
             )
         raise ModelNotFoundError(f"{path} holds no weights (*.safetensors)")
     check_weight_set(path)
+    check_config(path, raw)
     return path
 
 

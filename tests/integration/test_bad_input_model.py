@@ -40,7 +40,7 @@ def test_config_with_more_layers_than_the_weights(cli: Cli, home: Path) -> None:
     _config(home / "mymodel", num_hidden_layers=5)
     for argv, what in ((rtn_args(home, home / "o"), "quantize"), (_eval(home / "mymodel", home),
                                                                   "eval")):
-        cli.refused(*argv, match="not in the weight files", case=f"config num_hidden_layers: 5 "
+        cli.refused(*argv, match="number their blocks 0..1 only", case=f"config num_hidden_layers: 5 "
                     f"over 2 layers of weights ({what})")
     assert not (home / "o").exists() and not Path(f"{home / 'o'}.work").exists()
 

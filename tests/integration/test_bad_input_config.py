@@ -1,0 +1,86 @@
+"""A model folder's config.json (issue 52): every value transformers would choke on, or that
+asks for more than the weight files hold, is refused in one line naming the field, before any
+module is built (these were exit-3 internal errors, an OOM kill at hidden_size 10^7 and
+minutes of building at 10^6 layers)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from cli_cases import Cli
+
+pytestmark = pytest.mark.integration
+PATTERN = "9. config.json validated against transformers' rules and the files (issue 52)"
+
+CASES = [
+    ("string number", {"hidden_size": "128"}, "hidden_size is '128', not a positive integer"),
+    ("zero size", {"intermediate_size": 0}, "intermediate_size is 0, not a positive integer"),
+    ("negative layers", {"num_hidden_layers": -1}, "num_hidden_layers is -1"),
+    ("boolean size", {"num_attention_heads": True}, "num_attention_heads is True"),
+    ("kv heads not dividing", {"num_key_value_heads": 3}, "is not a multiple of "
+                                                          "num_key_value_heads (3)"),
+    ("heads not dividing", {"num_attention_heads": 6, "num_key_value_heads": 2,
+                            "head_dim": None}, "hidden_size (128) is not a multiple of "
+                                               "num_attention_heads (6)"),
+    ("unknown model_type", {"model_type": "llamaxx"}, "model_type 'llamaxx' is not an "
+                                                      "architecture transformers"),
+    ("unknown dtype", {"dtype": "float7"}, "dtype is 'float7', not one of"),
+    ("unknown rope type", {"rope_parameters": {"rope_type": "weird", "rope_theta": 1.0}},
+     "rope_type 'weird' is not one of"),
+    ("unknown activation", {"hidden_act": "swooshy"}, "hidden_act is 'swooshy'"),
+    ("a megabyte-long value", {"hidden_act": "x" * 1_000_000}, "'xxxxxxxx"),
+    ("hidden_size 10^7", {"hidden_size": 10**7}, "hidden_size is 10000000, but no tensor"),
+    ("num_hidden_layers 10^6", {"num_hidden_layers": 10**6}, "number their blocks 0..1 only"),
+    ("vocab larger than the embedding", {"vocab_size": 1024}, "vocab_size is 1024, but no "
+                                                              "tensor"),
+]
+
+
+def _quantize(model: Path, out: Path) -> list:
+    return ["quantize", "--model", model, "--group-size", "32", "-o", out]
+
+
+def _with_config(home: Path, name: str, text: str) -> Path:
+    model = home / name
+    shutil.copytree(home / "mymodel", model)
+    (model / "config.json").write_text(text)
+    return model
+
+
+@pytest.mark.parametrize(("case", "changes", "match"), CASES, ids=[c[0] for c in CASES])
+def test_bad_config_values_are_refused_before_any_work(cli: Cli, home: Path, case: str,
+                                                       changes: dict, match: str) -> None:
+    cfg = json.loads((home / "mymodel" / "config.json").read_text())
+    model = _with_config(home, "m", json.dumps({**cfg, **changes}))
+    out = home / "o"
+
+    def hung(*_: object) -> None:
+        raise AssertionError("qcal built the model before checking its config")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        line = cli.refused(*_quantize(model, out), match=match, case=f"config.json: {case}")
+        cli.refused("eval", "--model", model, "--ppl", match=match,
+                    case=f"eval: config.json {case}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(line) < 400, "a value shown in full"
+    assert not out.exists() and not Path(f"{out}.work").exists()
+
+
+@pytest.mark.parametrize(("case", "text", "match"), [
+    ("nested 100,000 deep", '{"a":' * 100_000 + "1" + "}" * 100_000, "nests deeper"),
+    ("over 4 MiB", json.dumps({"model_type": "llama", "pad": "x" * (5 << 20)}),
+     "a model config is a few kilobytes"),
+])
+def test_unreadable_config_is_refused(cli: Cli, home: Path, case: str, text: str,
+                                      match: str) -> None:
+    model = _with_config(home, "m", text)
+    cli.refused(*_quantize(model, home / "o"), match=match, case=f"config.json {case}")
+    assert not (home / "o").exists()
