@@ -161,6 +161,24 @@ def _flags(parser: argparse.ArgumentParser, key: str) -> dict[str, str]:
             for a in option_actions(command)}
 
 
+def repeated_option(command: argparse.ArgumentParser | None, argv: list[str]) -> str | None:
+    """The first option of `command` given twice in `argv` where argparse would silently keep
+    the last (repeatable options, such as --ignore, are exempt)."""
+    if command is None:
+        return None
+    repeatable = (argparse._AppendAction, argparse._ExtendAction, argparse._CountAction)
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    for action in option_actions(command):
+        if isinstance(action, repeatable) or not action.option_strings:
+            continue
+        given = [w for w in words for s in action.option_strings
+                 if w == s or (s.startswith("--") and w.startswith(s + "="))]
+        if len(given) > 1:
+            return next((s for s in action.option_strings if s.startswith("--")),
+                        action.option_strings[0])
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     # The Hub is unreachable here by design: fail fast instead of retrying downloads.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -178,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     from qcal.schema import command_key, validate_args
 
     name = command_key(args)
+    twice = repeated_option(subcommands(parser).get(name), argv)
+    if twice is not None:
+        print(f"qcal {args.command}: error: {twice} is given more than once (only the last "
+              "would count); give it once", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         with sigterm_as_interrupt():
             validate_args(args, _flags(parser, name))  # before any model, work dir or output

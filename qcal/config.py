@@ -14,6 +14,9 @@ import json
 from typing import Any, TypeVar
 
 from qcal.errors import ConfigError
+from qcal.patterns import PatternError, compiled
+from qcal.patterns import match as bounded_match
+from qcal.patterns import search as bounded_search
 
 C = TypeVar("C")
 
@@ -187,8 +190,6 @@ class ModuleSelection:
     schemes: tuple[SchemeOverride, ...] = ()
 
     def __post_init__(self) -> None:
-        import re
-
         for flag, field in (("--targets", "targets"), ("--ignore", "ignore")):
             value = getattr(self, field)
             # A lone string is one pattern, never its characters (issue 52: the API's
@@ -201,20 +202,18 @@ class ModuleSelection:
                                       f"{type(pattern).__name__} {pattern!r}; pass e.g. "
                                       f"{field}=[r'q_proj$']")
                 try:
-                    re.compile(pattern)
-                except re.error as err:
-                    raise ConfigError(f"{flag} {pattern!r} is not a regular expression ({err}); "
-                                      "fix the pattern, e.g. 'mlp\\.gate$'") from None
+                    compiled(pattern)
+                except PatternError as err:
+                    raise ConfigError(f"{flag} {pattern[:80]!r}: {err}; fix the pattern, e.g. "
+                                      "'mlp\\.gate$'") from None
 
     def selects(self, name: str) -> bool:
-        import re
-
-        if self.targets and not any(re.search(p, name) for p in self.targets):
+        if self.targets and not any(search_pattern("--targets", p, name) for p in self.targets):
             return False
-        if any(re.search(p, name) for p in self.ignore):
+        if any(search_pattern("--ignore", p, name) for p in self.ignore):
             return False
         for override in self.schemes:  # the first matching override decides
-            if re.match(override.pattern, name):
+            if match_pattern("--scheme-override", override.pattern, name):
                 return not override.skip
         return True
 
@@ -295,13 +294,11 @@ class SchemeOverride:
     skip: bool = False
 
     def __post_init__(self) -> None:
-        import re
-
         try:
-            re.compile(self.pattern)
-        except re.error as err:
-            raise ConfigError(f"--scheme-override pattern {self.pattern!r} is not a regular "
-                              f"expression ({err})") from None
+            compiled(self.pattern)
+        except PatternError as err:
+            raise ConfigError(f"--scheme-override pattern {str(self.pattern)[:80]!r}: {err}"
+                              ) from None
         if self.bits is not None and self.bits not in SUPPORTED_BITS:
             raise ConfigError(f"--scheme-override {self.pattern!r}: bits={self.bits} is not "
                               f"supported; choose one of {SUPPORTED_BITS}")
@@ -351,10 +348,8 @@ def scheme_for(name: str, base: QuantScheme,
                overrides: tuple[SchemeOverride, ...] = ()) -> QuantScheme | None:
     """The scheme of the linear `name`: the first matching override applied to `base`
     (None: the override keeps it in float), else `base`. Pure: runners call it per linear."""
-    import re
-
     for override in overrides:
-        if re.match(override.pattern, name):
+        if match_pattern("--scheme-override", override.pattern, name):
             return _applied(base, override)
     return base
 
@@ -378,3 +373,19 @@ def check_overrides(base: QuantScheme, overrides: tuple[SchemeOverride, ...], fm
                     "pick one of those")
             raise ConfigError(f"--format {fmt} stores {widths}-bit weights, not "
                               f"{scheme.bits}-bit; {hint}")
+
+
+def search_pattern(flag: str, pattern: str, name: str) -> bool:
+    """re.search of a user's `pattern` (named by `flag` in the error) with a time bound."""
+    try:
+        return bounded_search(pattern, name)
+    except PatternError as err:
+        raise ConfigError(f"{flag} {pattern[:80]!r}: {err}") from None
+
+
+def match_pattern(flag: str, pattern: str, name: str) -> bool:
+    """re.match of a user's `pattern` (named by `flag` in the error) with a time bound."""
+    try:
+        return bounded_match(pattern, name)
+    except PatternError as err:
+        raise ConfigError(f"{flag} {pattern[:80]!r}: {err}") from None

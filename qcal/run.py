@@ -42,7 +42,7 @@ from qcal.methods.awq_runner import apply_awq_artifact, load_artifact
 from qcal.model.adapters import expert_tokens
 from qcal.model.consistency import check_token_ids
 from qcal.model.distributed import DistContext, from_env
-from qcal.model.loading import load_model, load_tokenizer, resolve_model_dir
+from qcal.model.loading import check_weight_files, load_model, load_tokenizer, resolve_model_dir
 from qcal.model.resolve import arch_for
 from qcal.model.shapes import skeleton
 from qcal.model.shards import save_streamed_checkpoint
@@ -83,7 +83,9 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None,
     device = resolve_device(recipe.device)
     source = Source(resolve_model_dir(recipe.model, recipe.trust_remote_code),
                     recipe.trust_remote_code)
-    if recipe.modules.schemes:  # each pattern names a linear, each group fits: before any work
+    modules = recipe.modules
+    if modules.schemes or modules.targets or modules.ignore:
+        # each pattern names a linear, each group fits: before any work
         check_against_model(linear_shapes(source.skeleton), recipe.modules, recipe.scheme)
     out = Path(recipe.output) if recipe.output else default_output_dir(
         recipe.model, recipe.method_name, recipe.scheme)
@@ -92,13 +94,15 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None,
     reused = log is not None
     dist = from_env(device)
     if log is None:
+        # 2. Read every input before any output exists: the tokenizer, its chat template and
+        # the calibration data are refused here in one line, with nothing created yet.
+        source.check_files()
+        tokenizer = source.tokenizer
+        calib = calibrate(recipe, tokenizer, cache, device) if recipe.uses_calibration() else None
         with contextlib.ExitStack() as stack:
-            # 2. Guard the output (rank 0 checks and locks it; the other ranks follow).
+            # 3. Guard the output (rank 0 checks and locks it; the other ranks follow).
             work = _enter_output(stack, dist, lambda: guarded_output(
                 out, source.model_dir, policy, expected_bytes(source.model_dir, recipe)), out)
-            # 3. Calibrate.
-            calib = (calibrate(recipe, source.tokenizer, cache, device)
-                     if recipe.uses_calibration() else None)
             # 4. Quantize layer by layer.
             opts = RunOptions(device=device, work_dir=work, resume=policy.resume,
                               progress=progress, dist=dist, selection=recipe.modules,
@@ -133,6 +137,7 @@ class Source:
     def __init__(self, model_dir: Path, trust_remote_code: bool = False) -> None:
         self.model_dir = model_dir
         self.trust_remote_code = trust_remote_code
+        self._files_checked = False
 
     @functools.cached_property
     def skeleton(self) -> nn.Module:
@@ -147,6 +152,16 @@ class Source:
     @functools.cached_property
     def tokenizer(self) -> Any:
         return load_tokenizer(self.model_dir, self.trust_remote_code)
+
+    def check_files(self) -> None:
+        """Every weight file read once per run (truncation, NaN/Inf, float16 range) and its
+        tensors matched against the config: no random initialisation, sane packing."""
+        from qcal.model.consistency import check_model_files
+
+        if not self._files_checked:
+            check_weight_files(self.model_dir)
+            check_model_files(self.model_dir, self.trust_remote_code)
+            self._files_checked = True
 
 
 def calibrate(recipe: QuantRecipe, tokenizer: Any, cache: StepCache | None = None,
@@ -210,9 +225,10 @@ def quantize_layers(source: Source, method: str, config: Any, calib_ids: torch.T
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
     stream = opts.work_dir is not None and opts.packed and not source.adapted
+    source.check_files()  # a no-op when the run checked them before its output existed
     net, tokenizer, src = load_model(source.model_dir, trust_remote_code=source.trust_remote_code,
                                      stream=stream, prelude=quant_method.needs_calibration,
-                                     tokenizer=source.tokenizer)
+                                     tokenizer=source.tokenizer, check=False)
     check_token_ids(calib_ids, net, "calibration")
     arch = arch_for(net)
     validate_scheme(net, config.scheme, opts.selection)

@@ -12,7 +12,6 @@ wins, as GPTQModel's `dynamic`); runners reach it through `ModuleSelection.schem
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
 from qcal.config import (
@@ -21,7 +20,9 @@ from qcal.config import (
     QuantScheme,
     SchemeOverride,
     check_overrides,
+    match_pattern,
     scheme_for,
+    search_pattern,
 )
 from qcal.errors import ConfigError
 
@@ -102,17 +103,25 @@ def check_against_model(shapes: dict[str, tuple[int, int]], selection: ModuleSel
     """Each override must match a linear that --targets/--ignore leave quantized, each
     linear's own group size must divide its in_features, and its codes must fill whole
     int32 words (3 bits: 32 codes in 3 words) along both dimensions (before any work)."""
+    example = next(iter(shapes), "model.layers.0.mlp.down_proj")
+    for flag, patterns in (("--targets", selection.targets), ("--ignore", selection.ignore)):
+        for pattern in patterns:  # a pattern that matches nothing is a typo, never a no-op
+            if not any(search_pattern(flag, pattern, n) for n in shapes):
+                raise ConfigError(f"{flag} {pattern[:80]!r} matches no linear of this model's "
+                                  f"decoder layers (patterns are searched in full names such "
+                                  f"as {example!r}); fix the pattern or drop it")
     plain = ModuleSelection(selection.targets, selection.ignore, selection.moe_all_experts)
     chosen = [n for n in shapes if plain.selects(n)]
     for override in selection.schemes:
-        if not any(re.match(override.pattern, n) for n in chosen):
+        if not any(match_pattern("--scheme-override", override.pattern, n) for n in chosen):
             example = chosen[0] if chosen else "model.layers.0.mlp.down_proj"
             raise ConfigError(f"--scheme-override {override.spec()!r} matches no quantized "
                               f"linear of this model (patterns match full names from the start, "
                               f"e.g. {example!r}; try '.*' + your pattern)")
     for name in chosen:
         scheme = scheme_for(name, base, selection.schemes)
-        rule = next((o for o in selection.schemes if re.match(o.pattern, name)), None)
+        rule = next((o for o in selection.schemes
+                     if match_pattern("--scheme-override", o.pattern, name)), None)
         if scheme is None or rule is None:
             continue  # the base scheme is checked against every linear by validate_scheme
         in_f, out_f = shapes[name]

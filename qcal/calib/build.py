@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qcal.calib.base import SELECTORS, CalibrationSelector, make_calib_set
+from qcal.calib.chat import chat_renderer
 from qcal.calib.io import CalibSet
 from qcal.calib.manifest import CalibSetError
 from qcal.calib.multilingual import STUDY_LANGS, MultilingualSelector, parse_mix
@@ -196,14 +197,6 @@ def check_compatible(calib: CalibSet, tokenizer: Any, nsamples: int, seqlen: int
                                 f"special tokens, this tokenizer with {wants or 'none'} (qcal "
                                 "prepends the tokenizer's <bos> since this version): rebuild it "
                                 "with `qcal calib build`")
-
-
-def chat_renderer(tokenizer: Any) -> Any:
-    """messages -> text with the tokenizer's chat template (what --chat uses)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("--chat renders records with the model's chat template, and this "
-                          "tokenizer has none; drop --chat and name the text with --text-field")
-    return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False)
 
 
 def resolve_calib(spec: str, tokenizer: Any, nsamples: int, seqlen: int, seed: int,

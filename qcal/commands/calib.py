@@ -130,7 +130,7 @@ def run_build(args: argparse.Namespace) -> int:
                  legacy_owned=is_legacy_calib_set)
     check_writable(out, args.n * args.seqlen * 8)
     tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
-    from qcal.calib.build import chat_renderer
+    from qcal.calib.chat import chat_renderer
 
     docs = resolve_source(args.source, split="calib", langs=langs, text_field=args.text_field,
                           render_chat=chat_renderer(tokenizer) if args.chat else None)

@@ -13,6 +13,8 @@ of {"role", "content"}) rendered by `render_chat` (the model's chat template).
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,10 @@ def record_text(rec: Mapping[str, Any], where: str, text_field: str = "text",
             raise CorpusFormatError(f'{where}: --chat needs a "messages" list of '
                                     '{"role": ..., "content": ...} objects; fields: '
                                     f"{sorted(rec)}")
-        return render_chat([dict(m) for m in messages]).strip()
+        try:
+            return render_chat([dict(m) for m in messages]).strip()
+        except ConfigError as err:
+            raise CorpusFormatError(f"{where}: {err}") from None
     value = rec.get(text_field)
     if not isinstance(value, str):
         hint = " (or --chat for chat records)" if "messages" in rec else ""
@@ -72,15 +77,17 @@ def is_saved_dataset(path: Path) -> bool:
 
 
 def load_records(path: Path) -> Any:
-    """The records of a dataset folder or a Parquet file, as a `datasets.Dataset`."""
+    """The records of a dataset folder or a Parquet file, as a `datasets.Dataset`. Nothing
+    is left in the datasets cache: a Parquet file is read in place, a folder of data files is
+    prepared in a temporary cache that is removed again (a refused input leaves no copy)."""
     import datasets
 
     if path.is_file():
         if path.suffix.lower() != ".parquet":
             raise ConfigError(f"{path}: qcal reads .parquet, .txt and .jsonl files")
-        return datasets.load_dataset("parquet", data_files=str(path), split="train")
+        return datasets.Dataset(_read_parquet(path))
     if is_saved_dataset(path):
-        data = datasets.load_from_disk(str(path))
+        data = _load_saved(path)
     else:
         scripts = sorted(p.name for p in path.glob("*.py"))
         if scripts:
@@ -88,7 +95,8 @@ def load_records(path: Path) -> Any:
                               "dataset code: save the data with Dataset.save_to_disk or as "
                               "Parquet/JSONL files")
         try:
-            data = datasets.load_dataset(str(path))
+            with tempfile.TemporaryDirectory(prefix="qcal-datasets-") as cache:
+                data = datasets.load_dataset(str(path), cache_dir=cache, keep_in_memory=True)
         except Exception as err:  # noqa: BLE001  (datasets raises many kinds for a bad folder)
             raise ConfigError(f"{path} is not a dataset folder datasets can read "
                               f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); give "
@@ -102,3 +110,60 @@ def load_records(path: Path) -> Any:
         raise ConfigError(f"{path} has splits {sorted(data)} and none is 'train'; save the one "
                           "to calibrate on as its own dataset")
     return data
+
+
+def _read_parquet(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(str(path))
+    except (pa.ArrowException, OSError) as err:
+        raise ConfigError(f"{path} is not a readable Parquet file ({str(err).splitlines()[0][:120]}"
+                          "); give a Parquet, .txt or .jsonl file") from None
+
+
+def _split_files(folder: Path) -> list[Path]:
+    """The Arrow files a save_to_disk split folder's state.json names, each a plain file
+    inside that folder (a name such as ../../x.arrow would read a file outside it)."""
+    state = folder / "state.json"
+    try:
+        entries = json.loads(state.read_text(encoding="utf-8"))["_data_files"]
+        names = [entry["filename"] for entry in entries]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        raise ConfigError(f"{state} is not a save_to_disk state (JSON naming its _data_files); "
+                          "save the dataset again with save_to_disk") from None
+    files = []
+    for name in names:
+        if (not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..")
+                or not (folder / name).is_file() or (folder / name).is_symlink()):
+            raise ConfigError(f"{state} names {str(name)[:80]!r}, which is not a plain file in "
+                              f"{folder}; save the dataset again with save_to_disk")
+        files.append(folder / name)
+    return files
+
+
+def _load_saved(path: Path) -> Any:
+    """A save_to_disk folder, its state checked first, any unreadable part named."""
+    import datasets
+    import pyarrow as pa
+
+    if (path / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+            folders = [path / s for s in splits if isinstance(s, str) and Path(s).name == s]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            folders = []
+        if not folders or any(not f.is_dir() for f in folders):
+            raise ConfigError(f"{path / 'dataset_dict.json'} does not name the split folders "
+                              f"of {path}; save the dataset again with save_to_disk")
+    else:
+        folders = [path]
+    for folder in folders:
+        _split_files(folder)
+    try:
+        return datasets.load_from_disk(str(path))
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path} is not a readable save_to_disk folder "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); save the "
+                          "dataset again with save_to_disk") from None

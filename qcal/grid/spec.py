@@ -172,6 +172,27 @@ class GridSpec:
         return Cell(None, None, tuple((a, v) for a, v in cell.axes if a == "model"))
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (the
+    safe loader keeps the last silently: `methods:` twice ran only the second list)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise _DuplicateKey(f"key {str(key)[:60]!r} is given twice (lines {seen[key]} and "
+                                    f"{line})")
+            if isinstance(key, str | int | float | bool):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> GridSpec:
     """A grid YAML, checked key by key (qcal.schema.grid) before anything runs."""
     path = Path(path)
@@ -179,7 +200,9 @@ def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> Gri
         raise ConfigError(f"grid config {path} does not exist; give the path of a grid YAML "
                           "(see configs/ for examples)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506
+    except _DuplicateKey as err:
+        raise ConfigError(f"grid config {path}: {err}; keep one of them") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from qcal_kernels.format import PACKABLE_BITS as PACKED_WIDTHS
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from qcal.errors import CheckpointError, ConfigError, ModelNotFoundError, RemoteCodeError
 
@@ -36,10 +36,15 @@ def file_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], Path]]:
     """{tensor name: (safetensors dtype, shape, file)} from the headers only (nothing read)."""
     out: dict[str, tuple[str, tuple[int, ...], Path]] = {}
     for f in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as handle:
-            for key in handle.keys():  # noqa: SIM118
-                piece = handle.get_slice(key)
-                out[key] = (str(piece.get_dtype()), tuple(piece.get_shape()), f)
+        try:
+            with safe_open(str(f), "pt") as handle:
+                for key in handle.keys():  # noqa: SIM118
+                    piece = handle.get_slice(key)
+                    out[key] = (str(piece.get_dtype()), tuple(piece.get_shape()), f)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"weight file {f} is truncated or corrupted "
+                                  f"({str(err).splitlines()[0][:200]}); restore it from the "
+                                  "original model") from None
     return out
 
 

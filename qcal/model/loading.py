@@ -213,9 +213,10 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
                                              trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError, json.JSONDecodeError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ModelNotFoundError(f"no usable tokenizer in {path} ({first})") from None
+    except Exception as err:  # noqa: BLE001  (tokenizers raises bare Exception for a bad file)
+        first = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise ModelNotFoundError(f"no usable tokenizer in {path} ({first}); restore the "
+                                 "model's tokenizer files") from None
 
 
 def load_model(

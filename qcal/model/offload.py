@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from qcal.errors import CheckpointError, ModelNotFoundError, NumericalError
-from qcal.quant.finite import all_finite
 from qcal.tensor_files import StoredTensor, TensorFileError, index_file, read_stored
 
 
@@ -100,14 +100,24 @@ def _unreadable(f: Path, err: Exception) -> CheckpointError:
                            "the model directory")
 
 
+FLOAT16_MAX = 65504.0  # the largest float16: scales and half-precision kernels hold values so
+
+
 def check_finite(t: torch.Tensor, name: str, path: Path) -> None:
-    """A NaN/Inf float weight is an error naming it (for check_weight_files)."""
-    if all_finite(t):
+    """A NaN/Inf float weight, or one beyond float16's range (its quantization scales would
+    be Inf), is an error naming it (for check_weight_files). Two reductions, no copy of `t`;
+    both carry a NaN or an Inf through."""
+    if not t.is_floating_point() or not t.numel():
         return
-    raise NumericalError(
-        f"weight tensor {name} in {path} holds NaN or Inf values; the model "
-        "file is corrupted: restore or re-convert it"
-    )
+    high, low = float(t.amax()), float(t.amin())
+    if not (math.isfinite(high) and math.isfinite(low)):
+        raise NumericalError(f"weight tensor {name} in {path} holds NaN or Inf values; the model "
+                             "file is corrupted: restore or re-convert it")
+    largest = max(high, -low)
+    if largest > FLOAT16_MAX:
+        raise NumericalError(f"weight tensor {name} in {path} holds {largest:.3g}, beyond the "
+                             f"range of float16 (+-{FLOAT16_MAX:g}) that quantization scales use; "
+                             "no trained model has such weights: restore or re-convert the file")
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters

@@ -222,7 +222,7 @@ def ct_layer_scheme(groups: list[tuple[int, int, list[str]]], name: str) -> tupl
     `re:` pattern) before one that targets every "Linear"."""
     for bits, group, targets in groups:
         for t in targets:
-            if t == name or (t.startswith("re:") and re.fullmatch(t[3:], name)):
+            if t == name or (t.startswith("re:") and _checkpoint_pattern("fullmatch", t[3:], name)):
                 return bits, group
     for bits, group, targets in groups:
         if "Linear" in targets:
@@ -241,12 +241,7 @@ def dynamic_scheme(dynamic: dict[str, Any] | None, name: str, bits: int,
         if key.startswith("-:"):
             continue
         pattern = key[2:] if key.startswith("+:") else key
-        try:
-            hit = re.match(pattern, name)
-        except re.error as err:
-            raise CheckpointError(f"quantization_config dynamic pattern {pattern!r} is not a "
-                                  f"regular expression ({err}); fix config.json") from None
-        if hit:
+        if _checkpoint_pattern("match", pattern, name):
             fields = fields or {}
             return int(fields.get("bits", bits)), int(fields.get("group_size", group_size))
     return bits, group_size
@@ -292,3 +287,14 @@ def awq_codes(state: dict[str, torch.Tensor], name: str, bits: int, group_size: 
 def awq_config(bits: int, group_size: int) -> dict[str, Any]:
     return {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True,
             "version": "gemm", "modules_to_not_convert": None}
+
+
+def _checkpoint_pattern(how: str, pattern: str, name: str) -> bool:
+    """A pattern from a checkpoint's config.json matched with qcal.patterns' time bound."""
+    from qcal.patterns import PatternError, fullmatch, match
+
+    try:
+        return (fullmatch if how == "fullmatch" else match)(pattern, name)
+    except PatternError as err:
+        raise CheckpointError(f"quantization_config pattern {str(pattern)[:80]!r}: {err}; fix "
+                              "config.json") from None

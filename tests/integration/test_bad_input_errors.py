@@ -174,15 +174,38 @@ def test_nan_weights_are_refused_with_the_tensor_name(cli: Cli, home: Path) -> N
     assert not (home / "o").exists()
 
 
-def test_eval_with_non_finite_result_exits_non_zero(cli: Cli, home: Path) -> None:
-    weights = home / "mymodel" / "model.safetensors"
-    state = load_file(str(weights))
-    state["model.norm.weight"].fill_(3e38)  # finite weights whose logits overflow
-    save_file(state, str(weights), metadata={"format": "pt"})
+def test_eval_with_non_finite_result_exits_non_zero(cli: Cli, home: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Weights within float16's range cannot make a float32 forward overflow any more (larger
+    # ones are refused before loading, below): a model whose computation yields NaN stands in.
+    from transformers.models.llama.modeling_llama import LlamaForCausalLM
+
+    forward = LlamaForCausalLM.forward
+
+    def nan_logits(self: LlamaForCausalLM, *args: object, **kwargs: object) -> object:
+        out = forward(self, *args, **kwargs)
+        out.logits.fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", nan_logits)
     out = home / "res"
     cli.refused("eval", "--model", home / "mymodel", "--text", home / "calib.txt", "--seqlen", "32",
                 "-o", out, match="non-finite", case="eval whose perplexity is NaN/Inf")
     assert not list(home.glob("res*"))
+
+
+def test_weights_beyond_float16_are_refused_before_any_work(cli: Cli, home: Path) -> None:
+    weights = home / "mymodel" / "model.safetensors"
+    state = load_file(str(weights))
+    state["model.layers.0.mlp.down_proj.weight"][0, 0] = 3e38  # finite: scales would be Inf
+    save_file(state, str(weights), metadata={"format": "pt"})
+    for argv, what in ((("quantize", "--model", home / "mymodel", "--group-size", "32", "-o",
+                         home / "o"), "quantize"),
+                       (("eval", "--model", home / "mymodel", "--text", home / "calib.txt",
+                         "--seqlen", "32", "-o", home / "res"), "eval")):
+        cli.refused(*argv, match="beyond the range of float16",
+                    case=f"a finite weight of 3e38 ({what}: its scales were all Inf, exit 0)")
+    assert not (home / "o").exists() and not list(home.glob("res*"))
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [

@@ -50,7 +50,7 @@ def test_parquet_and_script_free_folders(tmp_path: Path) -> None:
 
 
 def test_chat_records_render_with_the_chat_template(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from qcal.calib.build import chat_renderer
+    from qcal.calib.chat import chat_renderer
     from qcal.model.loading import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)

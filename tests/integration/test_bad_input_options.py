@@ -1,0 +1,52 @@
+"""Options that were silently ignored or could hang (issue 52): an option given twice, a
+grid key given twice, a --targets/--ignore pattern that matches nothing, and a pattern
+whose matching backtracks without end are each refused in one line before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_cases import Cli, rtn_args
+
+pytestmark = pytest.mark.integration
+PATTERN = "11. Every option counts: given once, patterns that match and finish (issue 52)"
+
+
+@pytest.mark.parametrize("second", [["--group-size", "64"], ["--group-size=64"]])
+def test_an_option_given_twice_is_refused(cli: Cli, home: Path, second: list[str]) -> None:
+    cli.refused(*rtn_args(home, home / "o", *second), match="--group-size is given more than once",
+                case=f"--group-size 32 then {' '.join(second)} (the last won silently)")
+    assert not (home / "o").exists()
+
+
+def test_repeatable_options_stay_repeatable(cli: Cli, home: Path) -> None:
+    rc, err = cli(*rtn_args(home, home / "o", "--ignore", r"layers\.0\.", "--ignore",
+                            r"layers\.1\.mlp"))
+    assert rc == 0, err
+
+
+def test_a_grid_key_given_twice_is_refused(cli: Cli, home: Path) -> None:
+    grid = home / "grid.yaml"
+    grid.write_text(f"name: dup\nmodel: {home / 'mymodel'}\nmethods: [rtn]\n"
+                    "selectors: [random]\nmethods: [gptq]\n")
+    cli.refused("compare", "--config", grid, match="key 'methods' is given twice (lines 3 and 5)",
+                case="grid YAML with methods: twice (the second list ran alone)")
+    assert not (home.parent / "results" / "dup").exists()
+
+
+@pytest.mark.parametrize("flag", ["--ignore", "--targets"])
+def test_a_pattern_matching_no_linear_is_refused(cli: Cli, home: Path, flag: str) -> None:
+    cli.refused(*rtn_args(home, home / "o", flag, "mlp.gate_porj"),
+                match=f"{flag} 'mlp.gate_porj' matches no linear",
+                case=f"{flag} with a typo (matched nothing, passed unremarked)")
+    assert not (home / "o").exists()
+
+
+def test_a_backtracking_pattern_is_stopped(cli: Cli, home: Path) -> None:
+    # Python's re takes minutes on this pattern against a 31-character module name; the
+    # bounded matcher stops it within its time limit.
+    cli.refused(*rtn_args(home, home / "o", "--ignore", r"(.|.)*\d\d"),
+                match="catastrophic backtracking",
+                case="--ignore '(.|.)*\\d\\d' (exponential backtracking)")
+    assert not (home / "o").exists()
