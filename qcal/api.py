@@ -32,6 +32,43 @@ from qcal.model.hub import parse_hub_id
 from qcal.run_config import CalibConfig, EvalConfig
 
 CHECKPOINT_ATTR = "qcal_checkpoint"  # set on models qcal returns: the folder they came from
+# qcal.quantize's parameters that are no `qcal quantize` option: objects, or checked apart
+# (`scheme` as bits/group_size/sym, `method_options` against the method's config).
+NOT_OPTIONS = frozenset({"model", "tokenizer", "scheme", "progress", "method_options"})
+FIELD_OF = {"scheme_overrides": "scheme_override"}  # API name -> the schema's field
+
+
+def _validated(values: dict[str, Any], scheme: Any, method: str,
+               method_options: dict[str, Any]) -> None:
+    """The API's arguments through the schema `qcal quantize` uses (types and bounds
+    included), so a notebook is refused exactly where the command line is."""
+    from qcal.schema import COMMAND_SCHEMAS
+    from qcal.schema.fields import validate
+    from qcal.schema.grid import check_config_options
+
+    data = {FIELD_OF.get(k, k): v for k, v in values.items() if v is not None}
+    for key in ("targets", "ignore", "scheme_override"):
+        value = data.get(key, ())
+        if isinstance(value, str):
+            data[key] = [value]  # one pattern, never its characters
+        elif isinstance(value, (list, tuple)):
+            data[key] = [v.spec() if isinstance(v, SchemeOverride) else v for v in value]
+    for key in ("output", "calib"):  # paths are strings or Paths, as on the command line
+        if isinstance(data.get(key), Path):
+            data[key] = str(data[key]) if key == "calib" else data[key]
+        elif key == "output" and isinstance(data.get(key), str):
+            data[key] = Path(data[key])
+    if isinstance(scheme, dict):
+        data.update({("group_size" if k == "group" else k): v for k, v in scheme.items()})
+    api_name = {v: k for k, v in FIELD_OF.items()}
+    validate(COMMAND_SCHEMAS["quantize"], data,
+             lambda field: f"qcal.quantize({api_name.get(field, field)}=...)" if field
+             else "qcal.quantize:", repr, strict=True)
+    try:
+        check_config_options(method, method_options)
+    except ValueError as err:
+        raise ConfigError("qcal.quantize: " + str(err).replace(f"method_options.{method}.", "")
+                          .replace(f"method_options.{method} ", "")) from None
 
 
 def _scheme(scheme: QuantScheme | dict[str, Any] | None, model_dir: Path,
@@ -108,6 +145,13 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
     from qcal.run import run_recipe
 
     quant_method = METHODS.get(method)  # an unknown name lists the known ones
+    _validated({"method": method, "calib": calib if isinstance(calib, (str, Path)) else None,
+                "output": output, "format": format, "selector": selector,
+                "nsamples": nsamples, "seqlen": seqlen, "seed": seed, "text_field": text_field,
+                "chat": chat, "device": device, "overwrite": overwrite,
+                "trust_remote_code": trust_remote_code, "targets": targets, "ignore": ignore,
+                "moe_all_experts": moe_all_experts, "scheme_overrides": scheme_overrides},
+               scheme, method, method_options)
     overrides = tuple(o if isinstance(o, SchemeOverride) else parse_scheme_override(str(o))
                       for o in ([scheme_overrides] if isinstance(scheme_overrides, str)
                                 else scheme_overrides))

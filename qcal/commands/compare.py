@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+DEFAULT_MAX_CELLS = 200  # a 1,000,001-cell grid (an ETA of 1,069 h) used to just start
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="run a calibration-set x method grid (cached, resumable)")
@@ -55,6 +57,9 @@ def add_parser(sub: Any) -> None:
                    help="delete each quantized cell's checkpoint once its results are written "
                         "(a grid otherwise keeps one model's worth of disk per cell; a cell "
                         "that is run again rebuilds it)")
+    p.add_argument("--max-cells", type=int, default=DEFAULT_MAX_CELLS,
+                   help="refuse a grid of more cells than this, before running any "
+                        "(default %(default)s; raise it for a grid you mean to run)")
     p.set_defaults(handler=run_compare)
     r = sub.add_parser("report", help="render tables and plots of comparison grids, or a "
                                       "study's report from its grids (--study)")
@@ -107,15 +112,21 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from qcal.errors import ModelNotFoundError, RemoteCodeError
+    from qcal.errors import ConfigError, ModelNotFoundError, RemoteCodeError
     from qcal.grid import GridRunner, grid_from_dict, load_grid_config
     from qcal.grid.report import render_report
+    from qcal.grid.spec import count_cells
     from qcal.paths import results_dir, runs_dir
 
     overrides = _overrides(args)
     spec = (load_grid_config(args.config, overrides) if args.config
             else grid_from_dict(overrides))
     results_root = (args.results_dir or results_dir()) / spec.name
+    cells = count_cells(spec)
+    if cells > args.max_cells:
+        raise ConfigError(f"grid {spec.name} has {cells:,} cells ({_cell_count_parts(spec)}), "
+                          f"more than --max-cells {args.max_cells}; shrink an axis, or pass "
+                          f"--max-cells {cells} to run them all")
     try:
         runner = GridRunner(spec, results_root, runs_dir() / "compare" / spec.name,
                             jobs=args.jobs, device=args.device, shard=_shard(args.shard),
@@ -129,6 +140,13 @@ def run_compare(args: argparse.Namespace) -> int:
     render_report(results_root)
     print(f"grid {spec.name}: results in {results_root} (report.md)")
     return 0
+
+
+def _cell_count_parts(spec: Any) -> str:
+    """The sizes that multiply into a grid's cell count, for its refusal line."""
+    parts = [f"{len(spec.methods)} methods", f"{len(spec.selectors)} selectors"]
+    parts += [f"{len(spec.values(a))} {a}" for a in spec.varying()]
+    return " x ".join(parts)
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -302,3 +302,25 @@ def plan_cells(spec: GridSpec) -> list[Cell]:
             continue
         cells.extend(Cell(sel, method, c) for sel in spec.selectors for c in combos(AXES, method))
     return cells
+
+
+def count_cells(spec: GridSpec) -> int:
+    """How many cells `plan_cells(spec)` lists, by arithmetic (a grid of a million cells is
+    counted, not built)."""
+    import math
+
+    from qcal.methods import METHODS
+
+    varying = spec.varying()
+
+    def combos(applicable: tuple[str, ...], method: str | None) -> int:
+        return math.prod(len(spec.values(a)) for a in varying
+                         if a in applicable and axis_applies(a, method))
+
+    total = combos(FLOAT_AXES, None)
+    for method in spec.methods:
+        if METHODS.get(method).needs_calibration:
+            total += len(spec.selectors) * combos(AXES, method)
+        else:
+            total += combos(NO_CALIB_AXES, method)
+    return total

@@ -157,7 +157,8 @@ FLAGS = (
     MethodFlag("search_tokens", "search_tokens",
                "AWQ: calibration tokens the scale search scores each candidate on "
                "(default 4096; 0: all, as the reference does)", value_type=int, default=None,
-               schema=Annotated[int, Field(ge=0, description="an integer >= 0")] | None),
+               schema=Annotated[int, Field(ge=0, le=1 << 30,
+                                         description="an integer >= 0")] | None),
     MethodFlag("full_ratio_grid", "coarse_to_fine", "AWQ: score all 20 ratios (default: every "
                "other one, then the best's neighbours)", invert=True),
 )

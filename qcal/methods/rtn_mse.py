@@ -94,15 +94,16 @@ def _quantize_weight(weight: torch.Tensor, cfg: RTNMSEConfig, name: str) -> Quan
 FLAGS = (
     MethodFlag("mse_grid", "mse_grid", "RTN-MSE/RTN-imatrix: shrink factors 1 - i/N searched per group "
                "(default %(default)s)", value_type=int, default=100,
-               schema=Annotated[int, Field(ge=1, description="an integer >= 1")]),
+               schema=Annotated[int, Field(ge=1, le=10_000,
+                                           description="an integer in [1, 10000]")]),
     MethodFlag("mse_maxshrink", "mse_maxshrink", "RTN-MSE/RTN-imatrix: the most a group's range may shrink, "
                "a fraction in [0, 1) (default %(default)s)", value_type=float, default=0.8,
                schema=Annotated[float, Field(ge=0, lt=1, description="a fraction in [0, 1)")]),
     MethodFlag("mse_norm", "mse_norm", "RTN-MSE/RTN-imatrix: the error each clip is scored by, sum "
                "|w - q|^p (default %(default)s; 2: squared error)", value_type=float, default=2.4,
                # inf would score every clip alike and turn the search off silently (issue 52)
-               schema=Annotated[float, Field(gt=0, allow_inf_nan=False,
-                                             description="a finite number > 0")]),
+               schema=Annotated[float, Field(gt=0, le=100, allow_inf_nan=False,
+                                             description="a number in (0, 100]")]),
 )
 
 METHOD = QuantMethod("rtn-mse", RTNMSEConfig, False,

@@ -19,12 +19,16 @@ from pydantic import AfterValidator, Field, StringConstraints, create_model, mod
 from qcal.config import FORMAT_BITS
 from qcal.methods import all_methods
 from qcal.schema.fields import (
+    MAX_LIST,
+    Batch,
     Bins,
+    Bits,
     Count,
     Device,
     ExistingDir,
     ExistingFile,
     Flag,
+    GroupSizeNumber,
     NonNegative,
     Options,
     Processes,
@@ -35,6 +39,7 @@ from qcal.schema.fields import (
     SeqLen,
     Size,
     Source,
+    Text,
     plain_list,
     selector_langs,
 )
@@ -97,9 +102,9 @@ class QuantizeBase(Options):
     them in `QuantizeOptions` (from the method registry)."""
 
     device: Device = "auto"
-    model: str | None = None
+    model: Text | None = None
     method: Method = "rtn"
-    bits: int = Field(4, description="2, 3, 4 or 8 (what a checkpoint can pack)", examples=[4])
+    bits: Bits = Field(4, description="2, 3, 4 or 8 (what a checkpoint can pack)", examples=[4])
     group_size: GroupSize = "auto"
     sym: Flag = False
     allow_ragged_groups: Flag = False
@@ -117,15 +122,15 @@ class QuantizeBase(Options):
     trust_remote_code: Flag = False
     format: Format = "compressed-tensors"
     eval: Flag = False
-    eval_langs: str = "en"
+    eval_langs: Text = "en"
     eval_windows: Count = 16
     output: Path | None = None
     text_field: TextField = "text"
     chat: Flag = False
-    targets: list[Regex] = []
-    ignore: list[Regex] = []
+    targets: Annotated[list[Regex], Field(max_length=MAX_LIST)] = []
+    ignore: Annotated[list[Regex], Field(max_length=MAX_LIST)] = []
     moe_all_experts: Flag = False
-    scheme_override: list[SchemeOverrideText] = []
+    scheme_override: Annotated[list[SchemeOverrideText], Field(max_length=MAX_LIST)] = []
     show_arch: Flag = False
     shard_size: Size = "2GB"
     max_memory: Size | Literal["auto"] = "auto"
@@ -180,22 +185,22 @@ QuantizeOptions = create_model("QuantizeOptions", __base__=QuantizeBase,
 
 class EvalOptions(Options):
     device: Device = "auto"
-    model: str | None = None
-    base: str | None = None
+    model: Text | None = None
+    base: Text | None = None
     ppl: Flag = False
-    langs: str = "en"
+    langs: Text = "en"
     source: Source = "debian-handbook"
     text: ExistingFile | None = None
     seqlen: SeqLen = 512
     stride: Count | None = None
-    batch_size: Count = 4
+    batch_size: Batch = 4
     max_windows: Count | None = None
-    tasks: str | None = None
-    include_path: list[ExistingDir] = []
+    tasks: Text | None = None
+    include_path: Annotated[list[ExistingDir], Field(max_length=MAX_LIST)] = []
     limit: Count | None = None
-    task_limit: list[str] = []
+    task_limit: Annotated[list[Text], Field(max_length=MAX_LIST)] = []
     num_fewshot: NonNegative | None = None
-    task_batch_size: Count = 16
+    task_batch_size: Batch = 16
     confidence: Flag = False
     ece_bins: Bins = 15
     list_tasks: Flag = False
@@ -237,19 +242,19 @@ class CalibBuildOptions(Options):
     device: Device = "auto"
     selector: Selector = "random"
     source: Source = "debian-handbook"
-    model: str | None = None
+    model: Text | None = None
     n: Count = 128
     seqlen: SeqLen = 512
     seed: Seed = 0
-    langs: str | None = None
-    weights: str | None = None
-    mix: str | None = None
-    inner: str | None = None
+    langs: Text | None = None
+    weights: Text | None = None
+    mix: Text | None = None
+    inner: Text | None = None
     mode: Literal["low", "high", "middle"] | None = None
     objective: Literal["coverage", "invfreq"] | None = None
     pool_size: Count | None = None
-    ref_model: str | None = None
-    batch_size: Count | None = None
+    ref_model: Text | None = None
+    batch_size: Batch | None = None
     score_tokens: Count | None = None
     max_candidates: Count | None = None
     no_pack: Flag = False
@@ -282,7 +287,7 @@ class CalibBuildOptions(Options):
 
 
 class CalibShowOptions(Options):
-    name: str
+    name: Text
     full: Flag = False
 
 
@@ -293,29 +298,30 @@ class CalibListOptions(Options):
 class CompareOptions(Options):
     device: Device = "auto"
     config: ExistingFile | None = None
-    name: str | None = None
-    model: str | None = None
-    selectors: str | None = None
-    methods: str | None = None
-    bits: int | None = None
-    group_size: int | None = None
+    name: Text | None = None
+    model: Text | None = None
+    selectors: Text | None = None
+    methods: Text | None = None
+    bits: Bits | None = None
+    group_size: GroupSizeNumber | None = None
     sym: Flag | None = None
     desc_act: Flag | None = None
     source: Source | None = None
     nsamples: Count | None = None
     seqlen: SeqLen | None = None
     seed: Seed | None = None
-    eval: str | None = None
-    eval_langs: str | None = None
+    eval: Text | None = None
+    eval_langs: Text | None = None
     eval_seqlen: SeqLen | None = None
     max_windows: Count | None = None
     limit: Count | None = None
     results_dir: Path | None = None
-    shard: str | None = None
+    shard: Text | None = None
     executor: Literal["local", "ray"] = "local"
-    address: str | None = None
-    jobs: Count = 1
+    address: Text | None = None
+    jobs: Processes = 1
     discard_checkpoints: Flag = False
+    max_cells: Count = 200
 
     @model_validator(mode="after")
     def _rules(self) -> CompareOptions:
@@ -330,24 +336,25 @@ class CompareOptions(Options):
 
 
 class ReportOptions(Options):
-    run_dir: list[Path] = []  # checked by the report itself (its message names `qcal compare`)
-    title: str | None = None
-    study: str | None = None  # the studies (outside the core) check their own names
+    # checked by the report itself (its message names `qcal compare`)
+    run_dir: Annotated[list[Path], Field(max_length=MAX_LIST)] = []
+    title: Text | None = None
+    study: Text | None = None  # the studies (outside the core) check their own names
     out: Path | None = None
-    bench_grid: list[Path] | None = None
+    bench_grid: Annotated[list[Path], Field(max_length=MAX_LIST)] | None = None
     out_benchmarks: Path | None = None
 
 
 class ExportOptions(Options):
-    model: str
+    model: Text
     format: Format
     output: Path
     overwrite: Flag = False
 
 
 class ProvisionOptions(Options):
-    only: str = "model,data,benchmarks"
-    models: str | None = None
+    only: Text = "model,data,benchmarks"
+    models: Text | None = None
     force: Flag = False
 
     @model_validator(mode="after")

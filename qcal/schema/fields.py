@@ -13,19 +13,33 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    ValidationError,
+)
 
 from qcal.errors import ConfigError
 
 # Strict: YAML's "false" (a string) or 0 is never taken for a boolean.
 Flag = StrictBool
-Seed = Annotated[int, Field(ge=0, description="an integer >= 0", examples=[0])]
-Count = Annotated[int, Field(ge=1, description="an integer >= 1")]
-SeqLen = Annotated[int, Field(ge=2, description="an integer >= 2 (tokens per window)",
-                              examples=[512])]
+# Issue 52: every value bounded, so a typo of a few digits is refused instead of started.
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="an integer in [0, 2^32 - 1]",
+                            examples=[0])]
+Count = Annotated[int, Field(ge=1, le=1_000_000, description="an integer in [1, 1000000]")]
+SeqLen = Annotated[int, Field(ge=2, le=1 << 20, description="an integer in [2, 1048576] "
+                              "(tokens per window)", examples=[512])]
 Damp = Annotated[float, Field(gt=0, lt=1, description="a fraction in (0, 1)", examples=[0.01])]
-NonNegative = Annotated[int, Field(ge=0, description="an integer >= 0")]
-# Issue 52: every value bounded. 10^9 calibration bins allocated 10^9-long tensors.
+NonNegative = Annotated[int, Field(ge=0, le=1_000_000, description="an integer in [0, 1000000]")]
+Batch = Annotated[int, Field(ge=1, le=4096, description="an integer in [1, 4096]")]
+Bits = Annotated[int, Field(ge=1, le=16, description="bits per weight")]
+GroupSizeNumber = Annotated[int, Field(ge=-1, le=1 << 20, description="-1 or a group size")]
+Text = Annotated[str, StringConstraints(max_length=4096)]
+MAX_LIST = 1000  # list-valued options and grid axes: longer is a mistake, not a study
 Bins = Annotated[int, Field(ge=1, le=1000, description="an integer in [1, 1000]")]
 
 
@@ -213,8 +227,16 @@ def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: A
     `show(value)` the value (the CLI's are strings; a YAML's type matters, so repr there)."""
     errors = err.errors(include_url=False)
     first = errors[0]
-    if isinstance(first.get("input"), list):  # an axis given as a list: the bad element
-        first = max(errors, key=lambda e: len(e.get("loc", ())))
+    raw_show = show
+
+    def show(value: Any) -> str:  # noqa: F811  (a megabyte-long value is not echoed whole)
+        text = str(raw_show(value))
+        return text if len(text) <= 80 else text[:80] + "..."
+
+    if isinstance(first.get("input"), list):  # an axis given as a list: the bad element,
+        # else what is wrong with the list (too long) rather than that it is no number
+        first = max(errors, key=lambda e: (len(e.get("loc", ())),
+                                           not str(e.get("type", "")).endswith("_type")))
     loc = [str(x) for x in first.get("loc", ())]
     field = loc[0] if loc else ""
     where = label(field)
@@ -248,9 +270,10 @@ def error_line(err: ValidationError, model: type[BaseModel], label: Any, show: A
 
 
 def validate(model: type[BaseModel], data: dict[str, Any], label: Any,
-             show: Any = str, yaml: bool = False) -> BaseModel:
-    """`model(**data)` or a ConfigError with one line naming field, value, range and fix."""
+             show: Any = str, yaml: bool = False, strict: bool = False) -> BaseModel:
+    """`model(**data)` or a ConfigError with one line naming field, value, range and fix;
+    `strict`: no coercion ("12" is no count: the Python API's values are typed)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict or None)
     except ValidationError as err:
         raise ConfigError(error_line(err, model, label, show, yaml)) from None

@@ -9,14 +9,43 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, Strict, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    Strict,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
-from qcal.schema.fields import Options, PlainName, SchemeOverrideText, Selector, Source
+from qcal.schema.fields import (
+    MAX_LIST,
+    Options,
+    PlainName,
+    SchemeOverrideText,
+    Selector,
+    Source,
+    Text,
+)
 
+MAX_AXIS = 64  # values of one grid axis; the cell count has its own bound (--max-cells)
+MAX_KEYS = 256  # entries of a mapping key (method_options, task_limits, ...)
 StrictInt = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
-Bits = Annotated[int, Strict(), Field(description="2, 3, 4 or 8 (what a checkpoint can pack)")]
-Group = Annotated[int, Strict()] | Annotated[str, Strict()]
+Bits = Annotated[int, Strict(), Field(ge=1, le=16,
+                                      description="2, 3, 4 or 8 (what a checkpoint can pack)")]
+Group = (Annotated[int, Strict(), Field(ge=-1, le=1 << 20)]
+         | Annotated[str, Strict(), StringConstraints(max_length=16)])
+Windows = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+Tokens = Annotated[int, Strict(), Field(ge=2, le=1 << 20)]
+SeedValue = Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
+
+
+def _few_keys(value: dict) -> dict:
+    if len(value) > MAX_KEYS:
+        raise ValueError(f"has {len(value)} entries (at most {MAX_KEYS})")
+    return value
 
 
 def _comma(value: Any) -> Any:
@@ -24,7 +53,7 @@ def _comma(value: Any) -> Any:
 
 
 def _axis(kind: Any) -> Any:
-    return kind | list[kind]
+    return kind | Annotated[list[kind], Field(max_length=MAX_AXIS)]
 
 
 def check_config_options(method: str, options: dict[str, Any]) -> None:
@@ -56,44 +85,45 @@ def check_config_options(method: str, options: dict[str, Any]) -> None:
 
 class GridKeys(Options):
     name: PlainName = "grid"
-    model: str | None | list[str | None] = None
+    model: Text | None | Annotated[list[Text | None], Field(max_length=MAX_AXIS)] = None
     selectors: Annotated[list[Selector], BeforeValidator(_comma)] = Field(
         ["random", "zipf"], description="a list of selectors, e.g. [random, zipf, ml:de]",
-        min_length=1)
-    methods: Annotated[list[str], BeforeValidator(_comma)] = Field(
-        ["rtn", "gptq"], description="a list of methods, e.g. [rtn, gptq, awq]", min_length=1)
+        min_length=1, max_length=MAX_AXIS)
+    methods: Annotated[list[Text], BeforeValidator(_comma)] = Field(
+        ["rtn", "gptq"], description="a list of methods, e.g. [rtn, gptq, awq]", min_length=1,
+        max_length=MAX_AXIS)
     bits: _axis(Bits) = Field(4, description="2, 3, 4 or 8, or a list of them", examples=[4])
     group_size: _axis(Group) = Field(
         "auto", description="auto, -1 or a positive integer (or a list)", examples=[128])
     allow_ragged_groups: Bool = False
     sym: _axis(Bool) = Field(False, description="true or false (not a string), or a list")
     desc_act: _axis(Bool) = Field(False, description="true or false (not a string), or a list")
-    method_options: dict[str, dict[str, Any]] = Field(
+    method_options: Annotated[dict[Text, dict[Text, Any]], AfterValidator(_few_keys)] = Field(
         {}, description="must map a method to its options, e.g. {gptq: {damp_percent: 0.02}}")
-    selector_options: dict[str, dict[str, Any]] = Field(
+    selector_options: Annotated[dict[Text, dict[Text, Any]], AfterValidator(_few_keys)] = Field(
         {}, description="must map a selector to its options, e.g. {perplexity: {max_candidates: 256}}")
     source: Source = "debian-handbook"
-    nsamples: _axis(Annotated[int, Strict(), Field(ge=1)]) = Field(
+    nsamples: _axis(Windows) = Field(
         128, description="an integer >= 1, or a list", examples=[128])
-    seqlen: Annotated[int, Strict(), Field(ge=2)] = Field(
+    seqlen: Tokens = Field(
         512, description="an integer >= 2 (tokens per window)", examples=[512])
-    seed: _axis(Annotated[int, Strict(), Field(ge=0)]) = Field(
+    seed: _axis(SeedValue) = Field(
         0, description="an integer >= 0, or a list", examples=[0])
     eval_langs: Annotated[list[PlainName], BeforeValidator(_comma)] = Field(
-        ["en"], description="a list of languages, e.g. [en, de]")
-    eval_seqlen: Annotated[int, Strict(), Field(ge=2)] = Field(
+        ["en"], description="a list of languages, e.g. [en, de]", max_length=MAX_LIST)
+    eval_seqlen: Tokens = Field(
         512, description="an integer >= 2", examples=[512])
-    max_windows: Annotated[int, Strict(), Field(ge=1)] | None = Field(
+    max_windows: Windows | None = Field(
         None, description="an integer >= 1 (or null: all windows)", examples=[16])
     tasks: Annotated[list[PlainName], BeforeValidator(_comma)] = Field(
-        [], description="a list of task names")
+        [], description="a list of task names", max_length=MAX_LIST)
     confidence: Bool = False
-    limit: Annotated[int, Strict(), Field(ge=1)] | None = Field(
+    limit: Windows | None = Field(
         None, description="an integer >= 1 (or null: all items)", examples=[100])
-    task_limits: dict[str, Annotated[int, Strict(), Field(ge=1)]] = Field(
+    task_limits: Annotated[dict[Text, Windows], AfterValidator(_few_keys)] = Field(
         {}, description="must map a task to its number of items, e.g. {mmlu: 50}")
-    eval_text_file: str | None = None
-    scheme_overrides: list[SchemeOverrideText] = Field(
+    eval_text_file: Text | None = None
+    scheme_overrides: Annotated[list[SchemeOverrideText], Field(max_length=MAX_LIST)] = Field(
         [], description="a list of 'REGEX=bits:B,group:G[,sym:true|false]' (or 'REGEX=skip')")
 
     @field_validator("methods")

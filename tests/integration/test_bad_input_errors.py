@@ -274,7 +274,9 @@ def test_ctrl_c_prints_the_resume_hint(cli: Cli, home: Path, monkeypatch: pytest
 def test_small_ones(cli: Cli, home: Path) -> None:
     nul = home / "nul.txt"
     nul.write_bytes(b"\x00" * 4096)
-    cli.refused(*gptq_args(home, home / "o")[:-2], "--calib", nul, "-o", home / "o",
+    args = gptq_args(home, home / "o")
+    args[args.index("--calib") + 1] = nul
+    cli.refused(*args,
                 match="binary file", case="NUL-only calibration text")
     cli.refused(*rtn_args(home, home / "o", "--selector", "zipf"), match="does not use",
                 case="--selector with --method rtn")

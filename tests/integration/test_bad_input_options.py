@@ -50,3 +50,20 @@ def test_a_backtracking_pattern_is_stopped(cli: Cli, home: Path) -> None:
                 match="catastrophic backtracking",
                 case="--ignore '(.|.)*\\d\\d' (exponential backtracking)")
     assert not (home / "o").exists()
+
+
+def test_a_grid_of_too_many_cells_needs_max_cells(cli: Cli, home: Path, tmp_path: Path) -> None:
+    grid = home / "big.yaml"
+    seeds = ", ".join(str(i) for i in range(64))
+    grid.write_text(f"name: big\nmodel: {home / 'mymodel'}\nmethods: [rtn, gptq]\n"
+                    f"selectors: [random, zipf, perplexity, ml:en]\nseed: [{seeds}]\n")
+    line = cli.refused("compare", "--config", grid, "--results-dir", tmp_path / "res",
+                       match="grid big has 258 cells (2 methods x 4 selectors x 64 seed), more "
+                             "than --max-cells 200",
+                       case="a 258-cell grid (a 1,000,001-cell one, ETA 1,069 h, just started)")
+    assert "--max-cells 258" in line
+    assert not (tmp_path / "res").exists()
+    seeds = ", ".join(str(i) for i in range(1_000))
+    grid.write_text(f"name: huge\nmethods: [gptq]\nseed: [{seeds}]\n")
+    cli.refused("compare", "--config", grid, match="should have at most 64 items",
+                case="a grid axis of 1,000 seeds")

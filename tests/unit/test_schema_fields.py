@@ -42,7 +42,7 @@ def _check(**data: object) -> Probe:
 @pytest.mark.parametrize(("data", "match"), [
     ({"flag": "false"}, "--flag false is invalid"),
     ({"flag": 0}, "valid boolean"),
-    ({"seed": -1}, r"allowed: an integer >= 0; e.g. --seed 0"),
+    ({"seed": -1}, r"allowed: an integer in \[0, 2\^32 - 1\]; e.g. --seed 0"),
     ({"count": 0}, r"allowed: >= 1; e.g. --count 1"),
     ({"name": "../x"}, "not a plain name"),
     ({"source": "../../x"}, "not a plain name"),
