@@ -33,6 +33,28 @@ def ppl_table(cells: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, di
     return langs, table
 
 
+def _check_renderable(results_root: Path, cells: dict[str, dict[str, Any]]) -> None:
+    """Before anything is written: every perplexity a real number >= 1 (a NaN or negative one
+    is an edited or broken cell, never a finding), and report.md/json qcal's own to replace."""
+    import math
+
+    from qcal.fsio import wrote_result_file
+
+    for key, rec in cells.items():
+        for lang, res in model_ppl(rec).items():
+            value = res.get("ppl") if isinstance(res, dict) else None
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value) or value < 1:
+                raise ConfigError(f"{results_root}/cells/{key}.json holds perplexity {value!r} "
+                                  f"for {lang}, not a number >= 1; delete the cell and run the "
+                                  "same `qcal compare` again to redo it")
+    for name in ("report.md", "report.json"):
+        path = results_root / name
+        if path.is_symlink() or path.is_dir() or (path.exists() and not wrote_result_file(path)):
+            raise ConfigError(f"{path} exists and qcal did not write it; move it out of the "
+                              "folder (qcal writes the grid's report there)")
+
+
 def float_key(record: dict[str, Any]) -> str:
     """The float cell a cell is compared with (its own model's, in multi-model grids)."""
     return record.get("float_cell") or FLOAT_CELL
@@ -159,6 +181,7 @@ def render_report(results_root: Path, title: str | None = None) -> dict[str, Any
     cells = load_cells(results_root)
     if not cells:
         raise ConfigError(f"{results_root}/cells holds no finished cell yet")
+    _check_renderable(results_root, cells)
     spec = json.loads((results_root / "grid.json").read_text())["spec"]
     langs, table = ppl_table(cells)
     rows = confidence_rows(cells)

@@ -91,3 +91,37 @@ def test_qcal_written_tasks_load_without_the_opt_in_but_not_once_edited(tmp_path
     loader.write_text(loader.read_text() + "\nimport os  # edited\n")
     with pytest.raises(QcalError, match="imports Python"):
         refuse_task_code(tmp_path)
+
+
+@pytest.fixture()
+def grid_run(cli: Cli, home: Path, tmp_path: Path) -> Path:
+    """A finished one-method grid of the tiny model (float + RTN), rendered once."""
+    (home / "eval.txt").write_text((home / "calib.txt").read_text())
+    rc, err = cli("compare", "--name", "g", "--model", home / "mymodel", "--methods", "rtn",
+                  "--selectors", "random", "--group-size", "32", "--eval-seqlen", "32",
+                  "--max-windows", "1", "--results-dir", tmp_path / "res")
+    assert rc == 0, err
+    return tmp_path / "res" / "g"
+
+
+def test_report_keeps_a_report_the_user_wrote(cli: Cli, grid_run: Path) -> None:
+    (grid_run / "report.md").write_text("# my own notes on this grid\n")
+    cli.refused("report", grid_run, match="report.md exists and qcal did not write it",
+                case="qcal report over a report.md the user wrote (replaced it)")
+    assert (grid_run / "report.md").read_text() == "# my own notes on this grid\n"
+
+
+@pytest.mark.parametrize("value", [float("nan"), -3.0, 0.5])
+def test_report_refuses_a_perplexity_no_model_has(cli: Cli, grid_run: Path, value: float) -> None:
+    import json
+
+    cell = next(p for p in (grid_run / "cells").glob("*.json") if "rtn" in p.name)
+    data = json.loads(cell.read_text())
+    for res in data["eval"]["perplexity"]["model"].values():
+        res["ppl"] = value
+    cell.write_text(json.dumps(data))
+    before = (grid_run / "report.md").read_text()
+    cli.refused("report", grid_run, match=f"holds perplexity {value!r}",
+                case=f"qcal report on a cell whose perplexity is {value} (rendered as a finding)",
+                pattern="2. Values that were never checked")
+    assert (grid_run / "report.md").read_text() == before
