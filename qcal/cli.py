@@ -23,6 +23,7 @@ from qcal_kernels.errors import KernelError
 
 from qcal.errors import QcalError
 from qcal.logs import to_stderr as log_to_stderr
+from qcal.processes import Terminated
 
 COMMAND_MODULES = ("quantize", "evaluate", "calib", "compare", "export", "provision")
 USER_FIXABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM)
@@ -52,11 +53,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}; see {self.prog} --help\n")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process was so it unwinds like Ctrl-C (temp files removed,
-    work state kept for --resume)."""
 
 
 def subcommands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:

@@ -261,10 +261,10 @@ def _float_vs_quantized(outcome: Any, recipe: Any) -> dict[str, Any]:
 def _launch_torchrun(args: argparse.Namespace) -> int:
     """`qcal quantize --nproc N ...` = `torchrun --standalone --nproc_per_node N -m qcal
     quantize ...` (the same arguments, without --nproc)."""
-    import subprocess
     import sys
 
     from qcal.errors import ConfigError
+    from qcal.processes import run_process_group
 
     if os.environ.get("WORLD_SIZE"):
         raise ConfigError("--nproc inside torchrun would launch torchrun again; drop --nproc")
@@ -282,7 +282,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         rest.append(token)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", "qcal", *rest]
-    return subprocess.run(cmd, check=False).returncode
+    return run_process_group(cmd)  # a signal to qcal stops torchrun and every worker
 
 
 def _card_with_evaluation(outcome: Any, recipe: Any, summary: dict[str, Any]) -> None:

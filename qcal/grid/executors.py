@@ -63,5 +63,10 @@ def run_in_processes(todo: list[Cell], work: CellWork, record: RecordCell, bar: 
                     record(cell, future.result())  # a worker's error surfaces here
                     bar.update(1)
         except BaseException:
+            # Leaving the block would wait for the running cells to finish: a SIGTERM to
+            # the grid must stop its workers too (finished cells are cached; a stopped one
+            # runs again on resume).
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
             pool.shutdown(wait=False, cancel_futures=True)
             raise

@@ -56,11 +56,17 @@ def run_on_ray(todo: list[Cell], work: CellWork, record: RecordCell, bar: Any,
         remote = ray.remote(_ray_cell).options(max_retries=MAX_RETRIES, retry_exceptions=False,
                                                num_gpus=1 if on_gpu else 0, num_cpus=1)
         refs = {remote.remote(work, cell, threads): cell for cell in todo}
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            cell = refs.pop(ready[0])
-            record(cell, ray.get(ready[0]))  # a task's error surfaces here
-            bar.update(1)
+        try:
+            while refs:
+                ready, _ = ray.wait(list(refs), num_returns=1)
+                cell = refs.pop(ready[0])
+                record(cell, ray.get(ready[0]))  # a task's error surfaces here
+                bar.update(1)
+        except BaseException:
+            # A cluster joined with --address keeps running tasks its driver left: stop them.
+            for ref in refs:
+                ray.cancel(ref, force=True)
+            raise
     finally:
         if started_here:
             ray.shutdown()

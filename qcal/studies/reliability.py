@@ -34,7 +34,8 @@ SUITE = ("tests/integration/test_bad_input_safety.py",
          "tests/integration/test_bad_input_folders.py",
          "tests/integration/test_bad_input_config.py",
          "tests/integration/test_bad_input_data.py",
-         "tests/integration/test_bad_input_options.py")
+         "tests/integration/test_bad_input_options.py",
+         "tests/integration/test_signals.py")
 # Cases of the earlier suites carry no pattern of their own: grouped by their file.
 MODULE_PATTERN = {
     "test_bad_input_safety": "0a. Never lose a user's file; names are plain; no code runs",
@@ -43,6 +44,7 @@ MODULE_PATTERN = {
                              "only with the opt-in (issue 52)",
     "test_bad_input_folders": "8. A model folder: plain files only, one unambiguous weight set "
                               "(issue 52)",
+    "test_signals": "12. Signals reach every process qcal started (issue 52)",
 }
 
 
