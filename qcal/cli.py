@@ -22,6 +22,7 @@ from pathlib import Path
 from qcal_kernels.errors import KernelError
 
 from qcal.errors import QcalError
+from qcal.fsio import DiskFullError
 from qcal.logs import to_stderr as log_to_stderr
 from qcal.processes import Terminated
 
@@ -202,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             validate_args(args, _flags(parser, name))  # before any model, work dir or output
             return int(args.handler(args) or 0)
     except (QcalError, KernelError) as err:
-        print(f"qcal {args.command}: error: {err}", file=sys.stderr)
+        hint = getattr(args, "interrupt_hint", None)
+        resume = f"; {hint}" if hint and isinstance(err, DiskFullError) else ""
+        print(f"qcal {args.command}: error: {err}{resume}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as stop:
         hint = getattr(args, "interrupt_hint", None)

@@ -13,16 +13,14 @@ The rules protect the user's files:
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from qcal.errors import ConfigError, QcalError
@@ -221,7 +219,15 @@ def check_writable(path: Path | str, expected_bytes: int = 0) -> None:
                             "choose another -o")
 
 
-def _disk_full(err: OSError, target: Path) -> QcalError:
+def _is_disk_full(err: BaseException) -> bool:
+    """ENOSPC from the OS, or as the safetensors writer (Rust) reports it in its message."""
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(err)
+    return "No space left on device" in text or "os error 28" in text
+
+
+def _disk_full(target: Path) -> QcalError:
     return DiskFullError(f"the disk filled up while writing {target} (nothing was left "
                          "behind); free space or choose another -o, then run again")
 
@@ -269,8 +275,8 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            raise _disk_full(err, path) from None
+        if _is_disk_full(err):
+            raise _disk_full(path) from None
         raise
 
 
@@ -310,8 +316,8 @@ def write_dir_atomically(out_dir: Path | str, fill: Callable[[Path], None], kind
             tmp.rename(out_dir)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            raise _disk_full(err, out_dir) from None
+        if _is_disk_full(err):
+            raise _disk_full(out_dir) from None
         raise
     return out_dir
 
@@ -386,22 +392,3 @@ def clean_stale_tree(root: Path | str) -> list[Path]:
 
 def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
-
-
-@contextlib.contextmanager
-def exclusive_lock(lock_file: Path | str, busy_message: str = "", wait: bool = False
-                   ) -> Iterator[None]:
-    """Hold an advisory lock on `lock_file` (created if needed). A second holder gets
-    ConfigError(busy_message), or with `wait` blocks until the first is done. The lock
-    dies with the process, so a kill never leaves it behind."""
-    lock_file = Path(lock_file)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_file, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise ConfigError(busy_message) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -19,10 +19,10 @@ from qcal.fsio import (
     check_output,
     check_writable,
     clean_stale_siblings,
-    exclusive_lock,
     marker_text,
     read_marker,
 )
+from qcal.locking import exclusive_lock
 from qcal.model.sequential import PROGRESS_FILE, read_progress
 from qcal.packing.checkpoint import CHECKPOINT_KIND, is_legacy_qcal_checkpoint
 

@@ -35,7 +35,7 @@ from qcal.cache import StepCache, fingerprint
 from qcal.config import AWQConfig, ModuleSelection, from_dict, to_dict
 from qcal.devices import resolve_device
 from qcal.errors import ConfigError
-from qcal.fsio import exclusive_lock
+from qcal.locking import exclusive_lock
 from qcal.methods import METHODS, RunOptions
 from qcal.methods.awq_runner import ARTIFACT_NAME as AWQ_ARTIFACT
 from qcal.methods.awq_runner import apply_awq_artifact, load_artifact

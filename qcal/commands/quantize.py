@@ -207,11 +207,11 @@ def run(args: argparse.Namespace) -> int:
     recipe = make_recipe(args)
     if recipe.uses_calibration():
         _warn_long_seqlen(model_dir, args.seqlen)
-        from qcal.output import default_output_dir
+    from qcal.output import default_output_dir
 
-        out = args.output or default_output_dir(args.model, recipe.method_name, recipe.scheme)
-        args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command "
-                               "with --resume to continue")
+    out = args.output or default_output_dir(args.model, recipe.method_name, recipe.scheme)
+    args.interrupt_hint = (f"{out}.work keeps the finished layers: run the same command "
+                           "with --resume to continue")
     from qcal.model.stream import parse_bytes
 
     outcome = run_recipe(recipe, policy=OutputPolicy(args.overwrite, args.resume, args.keep_work),

@@ -28,9 +28,10 @@ from tqdm.auto import tqdm
 from qcal.cache import StepCache
 from qcal.devices import resolve_device
 from qcal.errors import ConfigError
-from qcal.fsio import atomic_write_text, clean_stale_tree, exclusive_lock
+from qcal.fsio import atomic_write_text, clean_stale_tree
 from qcal.grid.executors import run_here, run_in_processes
 from qcal.grid.spec import RECIPE_ONLY_FIELDS, Cell, GridSpec, grid_from_dict, plan_cells
+from qcal.locking import exclusive_lock
 from qcal.results import provenance
 
 

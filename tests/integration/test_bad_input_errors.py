@@ -121,16 +121,25 @@ def test_unwritable_output_for_real(cli: Cli, home: Path) -> None:
         ro.chmod(0o755)
 
 
+@pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
 def test_disk_filling_during_save_leaves_nothing(cli: Cli, home: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 raised: str) -> None:
+    from safetensors import SafetensorError
+
     from qcal.packing import checkpoint
 
     def full(*_args, **_kwargs) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
+        if raised == "OSError":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        # what the safetensors writer raised on a real full disk (exit 3 before)
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                              "StorageFull, message: \"No space left on device\" })")
 
     monkeypatch.setattr(checkpoint, "save_file", full)
-    cli.refused(*rtn_args(home, home / "o"), match="the disk filled up",
-                case="disk fills during the final save (emulated ENOSPC)")
+    line = cli.refused(*rtn_args(home, home / "o"), match="the disk filled up",
+                       case=f"disk fills during the final save (emulated, {raised})")
+    assert "o.work keeps the finished layers: run the same command with --resume" in line
     # No output; the finished layers stay in o.work for --resume (RTN streams, issue 36).
     assert sorted(p.name for p in home.iterdir()) == ["calib.txt", "mymodel", "notes.txt", "o.work"]
 

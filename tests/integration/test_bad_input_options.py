@@ -67,3 +67,31 @@ def test_a_grid_of_too_many_cells_needs_max_cells(cli: Cli, home: Path, tmp_path
     grid.write_text(f"name: huge\nmethods: [gptq]\nseed: [{seeds}]\n")
     cli.refused("compare", "--config", grid, match="should have at most 64 items",
                 case="a grid axis of 1,000 seeds")
+
+
+API_CASES = [
+    ({"nsamples": "12"}, "qcal.quantize(nsamples=...) '12' is invalid (input should be a valid "
+                         "integer)"),
+    ({"nsamples": 10**9}, "less than or equal to 1000000"),
+    ({"seqlen": 2.5}, "qcal.quantize(seqlen=...) 2.5 is invalid"),
+    ({"chat": "yes"}, "qcal.quantize(chat=...) 'yes' is invalid (input should be a valid "
+                      "boolean)"),
+    ({"output": 3}, "qcal.quantize(output=...) 3 is invalid"),
+    ({"targets": 5}, "qcal.quantize(targets=...) 5 is invalid (input should be a valid list)"),
+    ({"desc_act": "true"}, "qcal.quantize: desc_act 'true' is not a bool"),
+    ({"seed": -1}, "qcal.quantize(seed=...) -1 is invalid"),
+]
+
+
+@pytest.mark.parametrize(("given", "match"), API_CASES, ids=[str(c[0]) for c in API_CASES])
+def test_the_python_api_validates_through_the_schema(cli: Cli, home: Path, given: dict,
+                                                     match: str) -> None:
+    import qcal
+    from qcal.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        qcal.quantize(str(home / "mymodel"), method="gptq", **{"output": home / "o", **given})
+    assert match in str(refused.value), str(refused.value)
+    assert not (home / "o").exists()
+    cli.record(f"qcal.quantize({', '.join(f'{k}={v!r}' for k, v in given.items())})",
+               ("python", "qcal.quantize(...)"), 2, f"ConfigError: {refused.value}")
