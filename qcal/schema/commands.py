@@ -40,6 +40,7 @@ from qcal.schema.fields import (
     Size,
     Source,
     Text,
+    check_chat_source,
     plain_list,
     selector_langs,
 )
@@ -165,6 +166,8 @@ class QuantizeBase(Options):
         if self.awq_artifact is not None and self.method != "awq":
             raise ValueError("--awq-artifact replays an AWQ search; use it with --method awq")
         known_langs(selector_langs(self.selector), self.calib, "--selector language")
+        if self.chat:
+            check_chat_source(self.calib, "--calib")
         langs = plain_list(self.eval_langs, "language")
         if self.eval:
             if not langs:
@@ -267,6 +270,8 @@ class CalibBuildOptions(Options):
 
     @model_validator(mode="after")
     def _rules(self) -> CalibBuildOptions:
+        if self.chat:
+            check_chat_source(self.source, "--source")
         langs = plain_list(self.langs, "language")
         known_langs(langs, self.source, "--langs")
         known_langs(selector_langs(self.selector), self.source, "--selector language")

@@ -103,6 +103,25 @@ def check_source(spec: str) -> str:
 Source = Annotated[str, AfterValidator(check_source)]
 
 
+def check_chat_source(spec: str, flag: str) -> None:
+    """--chat renders records' `messages`: only a JSONL/Parquet file or a dataset folder has
+    records. Plain text, a packaged corpus, an hf: dataset (read by --text-field) or a saved
+    calibration set (already tokens) would ignore it while the manifest said `chat: true`."""
+    path = Path(spec).expanduser()
+    if spec.startswith("hf:"):
+        why = "hf: datasets are read by --text-field"
+    elif path.is_file() and path.suffix.lower() not in (".jsonl", ".json", ".parquet"):
+        why = f"{spec} is plain text, with no records"
+    elif path.is_dir() and (path / "manifest.json").is_file():
+        why = f"{spec} is a saved calibration set (already tokens)"
+    elif not path.exists():
+        why = f"{spec} is a packaged corpus or a saved set, not chat records"
+    else:
+        return
+    raise ValueError(f"--chat renders the 'messages' of chat records, and {why}: drop --chat, "
+                     f"or give {flag} a .jsonl/.parquet file or a dataset folder of chats")
+
+
 def check_selector(spec: str) -> str:
     """Languages named inside a selector (ml:<lang>, mix:<lang>=w) are plain names."""
     head, _, arg = spec.strip().partition(":")

@@ -95,3 +95,13 @@ def test_the_python_api_validates_through_the_schema(cli: Cli, home: Path, given
     assert not (home / "o").exists()
     cli.record(f"qcal.quantize({', '.join(f'{k}={v!r}' for k, v in given.items())})",
                ("python", "qcal.quantize(...)"), 2, f"ConfigError: {refused.value}")
+
+
+@pytest.mark.parametrize("calib", ["calib.txt", "debian-handbook", "hf:wikitext"])
+def test_chat_with_a_source_of_no_records_is_refused(cli: Cli, home: Path, calib: str) -> None:
+    source = str(home / calib) if calib.endswith(".txt") else calib
+    cli.refused("quantize", "--model", home / "mymodel", "--method", "gptq", "--group-size",
+                "32", "--calib", source, "--chat", "-o", home / "o",
+                match="--chat renders the 'messages' of chat records",
+                case=f"--chat with --calib {calib} (ignored, yet recorded as chat: true)")
+    assert not (home / "o").exists()
