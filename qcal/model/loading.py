@@ -207,6 +207,28 @@ def check_weight_files(path: Path, check_finite: bool = True) -> int:
     return total
 
 
+def check_memory_fits(path: Path, dtype: torch.dtype) -> None:
+    """A whole-model load needs about its tensors' elements at `dtype` (floats; packed codes
+    as stored): refused before allocating when the machine has not that much available (an
+    eval of a model bigger than RAM was OOM-killed after minutes instead)."""
+    import math
+
+    import psutil
+
+    from qcal.model.consistency import FLOAT_DTYPES, file_tensors
+
+    width = torch.empty(0, dtype=dtype).element_size()
+    stored = {"I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+    need = sum(math.prod(shape) * (width if kind in FLOAT_DTYPES else stored.get(kind, 4))
+               for kind, shape, _ in file_tensors(path).values())
+    have = psutil.virtual_memory().available
+    if need > have:
+        raise ModelNotFoundError(
+            f"loading {path} whole needs about {need / 2**30:.1f} GiB ({dtype}), and this "
+            f"machine has {have / 2**30:.1f} GiB available: use a machine with more memory "
+            "(`qcal quantize` streams a model one layer at a time and needs far less)")
+
+
 def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
@@ -248,6 +270,8 @@ def load_model(
     if check:
         check_weight_files(path)
         consistency.check_model_files(path, trust_remote_code)  # no random init, sane packing
+    if not stream:
+        check_memory_fits(path, torch_dtype or torch.float32)
     if is_quantized_checkpoint(path):
         from qcal.model.adapters import adapt_modules
 

@@ -84,3 +84,17 @@ def test_unreadable_config_is_refused(cli: Cli, home: Path, case: str, text: str
     model = _with_config(home, "m", text)
     cli.refused(*_quantize(model, home / "o"), match=match, case=f"config.json {case}")
     assert not (home / "o").exists()
+
+
+def test_a_model_bigger_than_the_memory_is_refused_before_loading(
+        cli: Cli, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import psutil
+
+    weights = (home / "mymodel" / "model.safetensors").stat().st_size
+    small = types.SimpleNamespace(available=weights // 2, total=weights // 2)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: small)
+    cli.refused("eval", "--model", home / "mymodel", "--text", home / "calib.txt", "--seqlen",
+                "32", match="GiB available: use a machine with more memory",
+                case="eval of a model larger than the memory available (OOM-killed)")
