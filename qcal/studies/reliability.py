@@ -63,6 +63,12 @@ def run_suite() -> tuple[list[dict], dict[str, str]]:
     return rows, outcomes
 
 
+def _group_order(name: str) -> tuple[int, str]:
+    """Groups by their number (2 before 10), then by name (0a before 0b)."""
+    digits = name[:len(name) - len(name.lstrip("0123456789"))]
+    return (int(digits) if digits else 10**6, name)
+
+
 def pattern_of(row: dict) -> str:
     module = str(row.get("module", "")).rsplit(".", 1)[-1]
     return row.get("pattern") or MODULE_PATTERN.get(module, "other")
@@ -94,7 +100,7 @@ def write_table(rows: list[dict], outcomes: dict[str, str], out: Path) -> None:
     recorded = {r["test"] for r in rows}
     for test, status in sorted(outcomes.items()):
         if test not in recorded and status != "passed":
-            groups.setdefault("9. Tests without a recorded line (skipped or failed)", []).append(
+            groups.setdefault("99. Tests without a recorded line (skipped or failed)", []).append(
                 [test, "-", "-", "-", status])
     table = [row for rows_ in groups.values() for row in rows_]
     prov = provenance("qcal report --study reliability", suite=", ".join(SUITE),
@@ -106,7 +112,7 @@ def write_table(rows: list[dict], outcomes: dict[str, str], out: Path) -> None:
             "summary": {"cases": len(table), "handled": handled, "skipped": skipped,
                         "failed": failed, "per_pattern": {k: len(v) for k, v in groups.items()}}}
     sections = []
-    for name in sorted(groups):
+    for name in sorted(groups, key=_group_order):
         sections += [f"## {name} ({len(groups[name])} cases)",
                      markdown_table(["case", "command", "exit", "what qcal printed", "outcome"],
                                     groups[name])]
@@ -121,7 +127,13 @@ def write_table(rows: list[dict], outcomes: dict[str, str], out: Path) -> None:
         "results directory at all), and for the security cases that the payload did not run.",
         "Groups 1-6 are the patterns of issue 37 (one validation layer). Group 1 and 2 cases "
         "are refused by the schema (qcal/schema) before any model is loaded; group 4 by "
-        "qcal/model/consistency.py before any weight is used.",
+        "qcal/model/consistency.py before any weight is used. Groups 7-12 are the causes of "
+        "issue 52: config.json against transformers' own rules and the weight files "
+        "(qcal/model/config_rules.py), every input read before the output guard "
+        "(qcal/run.py), bounded chat templates (qcal/calib/chat.py) and regex matching "
+        "(qcal/patterns.py), options that count once, and signals reaching child processes "
+        "(qcal/processes.py). The only exit-3 rows are injected internal bugs, which is what "
+        "exit 3 is kept for.",
         "`$T` is the test's temporary folder, standing for the user's folder (`$T/x/mymodel` is "
         "the user's model, `$T/x/notes.txt` another file of theirs). Cases marked *emulated* "
         "or *injected* put the fault in in-process (the suite runs as root here, which writes "
