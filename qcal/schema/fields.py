@@ -92,6 +92,8 @@ def check_source(spec: str) -> str:
     name that climbs out of the corpus folder (`../../x`)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("a source is a packaged corpus name, a .txt/.jsonl path or hf:<name>")
+    if not spec.startswith("hf:"):
+        _refuse_special(Path(spec))
     if spec.startswith("hf:") or Path(spec).expanduser().exists():
         return spec
     if Path(spec).suffix.lower() in (".txt", ".jsonl", ".json", ".md", ".parquet"):
@@ -149,7 +151,31 @@ def selector_langs(spec: str | None) -> list[str]:
     return []
 
 
+def _special_kind(path: Path) -> str | None:
+    """'a FIFO', 'a socket' or 'a device' for such a path (reading one blocks or never ends:
+    /dev/zero, a named pipe), by stat alone; None otherwise."""
+    import stat
+
+    try:
+        mode = path.expanduser().stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else None
+
+
+def _refuse_special(path: Path) -> None:
+    kind = _special_kind(Path(path))
+    if kind:
+        raise ValueError(f"{path} is {kind}, not a regular file (reading it would block or "
+                         "never end); give a file")
+
+
 def existing_file(path: Path) -> Path:
+    _refuse_special(path)
     if not Path(path).expanduser().is_file():
         raise ValueError(f"file {path} does not exist; give the path of an existing file")
     return path

@@ -124,3 +124,19 @@ def test_bad_chat_templates_are_refused_in_one_line(cli: Cli, home: Path, no_out
     chats.write_text("\n".join(json.dumps(c) for c in CHATS))
     cli.refused(*_gptq(home, home / "mymodel", chats, "--chat"), match=match,
                 case=f"chat template: {case}")
+
+
+@pytest.mark.parametrize("make", ["fifo", "device"])
+def test_a_data_file_that_never_ends_is_refused_unread(cli: Cli, home: Path, make: str) -> None:
+    import os
+
+    if make == "fifo":
+        path = home / "pipe.txt"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    kind, shown = ("FIFO", "a FIFO") if make == "fifo" else ("device", "/dev/zero")
+    cli.refused(*_gptq(home, home / "mymodel", path), match=f"is a {kind}, not a regular file",
+                case=f"--calib {shown} (blocked, or read without end)")
+    cli.refused("eval", "--model", home / "mymodel", "--text", path, match="not a regular file",
+                case=f"eval --text {shown}")
