@@ -94,6 +94,14 @@ def load_checkpoint(path: Path | str, dtype: torch.dtype | None = None,
                                   "and \"group_size\" (and a `dynamic` of pattern -> fields); "
                                   "re-create it with `qcal quantize`") from None
 
+        groups = [group_size, *(int((f or {}).get("group_size", group_size))
+                                for f in (dynamic or {}).values())]
+        if any(g == 0 or g < -1 for g in groups):
+            raise CheckpointError(f"{path}/config.json says group_size="
+                                  f"{next(g for g in groups if g == 0 or g < -1)}; a group size "
+                                  "is -1 (per channel) or positive: fix config.json or re-create "
+                                  "it with `qcal quantize`")
+
         def scheme_of(name: str) -> tuple[int, int]:  # GPTQModel's per-module `dynamic` rules
             return dynamic_scheme(dynamic, name, bits, group_size)
     unpackable = sorted(all_bits - set(PACKABLE_BITS))

@@ -192,11 +192,29 @@ def ct_targets(names: list[str], every: list[str]) -> list[str]:
     return out
 
 
+def _validated_ct(qcfg: dict[str, Any]) -> None:
+    """The checkpoint's quantization_config through compressed-tensors' own schema (its
+    pydantic QuantizationConfig): a malformed one is one line, not an error deep in a loader."""
+    from compressed_tensors.quantization import QuantizationConfig
+    from pydantic import ValidationError
+
+    try:
+        QuantizationConfig.model_validate(qcfg)
+    except (ValidationError, ValueError, TypeError) as err:
+        first = err.errors()[0] if isinstance(err, ValidationError) else {"msg": str(err)}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise CheckpointError(f"config.json quantization_config is not a valid "
+                              f"compressed-tensors config ({where + ': ' if where else ''}"
+                              f"{str(first.get('msg'))[:160]}); re-create the checkpoint with "
+                              "`qcal quantize` or `qcal export`") from None
+
+
 def ct_groups(qcfg: dict[str, Any]) -> list[tuple[int, int, list[str]]]:
     """(bits, group size, targets) of each weight-only config group qcal can read."""
     if qcfg.get("format") != CT_FORMAT:
         raise CheckpointError(f"compressed-tensors format {qcfg.get('format')!r} is not supported; "
                               f"qcal reads {CT_FORMAT!r}")
+    _validated_ct(qcfg)
     groups = list((qcfg.get("config_groups") or {}).values())
     if not groups or not all(isinstance(g, dict) and g.get("weights") for g in groups):
         raise CheckpointError("qcal reads compressed-tensors checkpoints whose config groups "

@@ -98,3 +98,21 @@ def test_a_model_bigger_than_the_memory_is_refused_before_loading(
     cli.refused("eval", "--model", home / "mymodel", "--text", home / "calib.txt", "--seqlen",
                 "32", match="GiB available: use a machine with more memory",
                 case="eval of a model larger than the memory available (OOM-killed)")
+
+
+@pytest.mark.parametrize(("fmt", "edit", "match"), [
+    ("compressed-tensors", {"config_groups": [1, 2]}, "not a valid compressed-tensors config"),
+    ("gptq", {"group_size": -7}, "says group_size=-7"),
+    ("gptq", {"group_size": 0}, "says group_size=0"),
+])
+def test_a_checkpoint_whose_quantization_config_is_malformed(cli: Cli, home: Path, fmt: str,
+                                                             edit: dict, match: str) -> None:
+    ckpt = home / "ckpt"
+    rc, err = cli(*_quantize(home / "mymodel", ckpt), "--format", fmt)
+    assert rc == 0, err
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["quantization_config"].update(edit)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    cli.refused("eval", "--model", ckpt, "--text", home / "calib.txt", "--seqlen", "32",
+                match=match, case=f"eval of a {fmt} checkpoint with quantization_config {edit} "
+                                  "(exit 3 before)")
