@@ -53,11 +53,11 @@ def _validated(values: dict[str, Any], scheme: Any, method: str,
             data[key] = [value]  # one pattern, never its characters
         elif isinstance(value, (list, tuple)):
             data[key] = [v.spec() if isinstance(v, SchemeOverride) else v for v in value]
-    for key in ("output", "calib"):  # paths are strings or Paths, as on the command line
-        if isinstance(data.get(key), Path):
-            data[key] = str(data[key]) if key == "calib" else data[key]
-        elif key == "output" and isinstance(data.get(key), str):
-            data[key] = Path(data[key])
+    # Paths come as strings or Paths, as on the command line: the schema types them.
+    if isinstance(data.get("calib"), Path):
+        data["calib"] = str(data["calib"])
+    if isinstance(data.get("output"), str):
+        data["output"] = Path(data["output"])
     if isinstance(scheme, dict):
         data.update({("group_size" if k == "group" else k): v for k, v in scheme.items()})
     api_name = {v: k for k, v in FIELD_OF.items()}

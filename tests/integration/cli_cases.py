@@ -6,9 +6,12 @@ in conftest.py."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,21 @@ def tree_digest(root: Path) -> dict[str, str]:
     """Every file under `root` with its content hash: 'nothing was touched' made checkable."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@contextlib.contextmanager
+def within(seconds: int, failure: str) -> Iterator[None]:
+    """Fail the test with `failure` if the block runs longer than `seconds` (a hang)."""
+    def hung(*_: object) -> None:
+        raise AssertionError(failure)
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class Cli:

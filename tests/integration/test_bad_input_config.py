@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
-from cli_cases import Cli
+from cli_cases import Cli, within
 
 pytestmark = pytest.mark.integration
 PATTERN = "9. config.json validated against transformers' rules and the files (issue 52)"
@@ -58,18 +57,10 @@ def test_bad_config_values_are_refused_before_any_work(cli: Cli, home: Path, cas
     model = _with_config(home, "m", json.dumps({**cfg, **changes}))
     out = home / "o"
 
-    def hung(*_: object) -> None:
-        raise AssertionError("qcal built the model before checking its config")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    try:
+    with within(60, "qcal built the model before checking its config"):
         line = cli.refused(*_quantize(model, out), match=match, case=f"config.json: {case}")
         cli.refused("eval", "--model", model, "--ppl", match=match,
                     case=f"eval: config.json {case}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     assert len(line) < 400, "a value shown in full"
     assert not out.exists() and not Path(f"{out}.work").exists()
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
-from cli_cases import Cli
+from cli_cases import Cli, within
 
 pytestmark = pytest.mark.integration
 
@@ -40,19 +39,11 @@ def test_non_plain_files_are_refused_without_opening(cli: Cli, home: Path, tmp_p
     model = _with(home, name, make)
     out = tmp_path / "never"
 
-    def hung(*_: object) -> None:
-        raise AssertionError("qcal blocked on the folder's file")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    try:
+    with within(60, "qcal blocked on the folder's file"):
         cli.refused("quantize", "--model", model, "--method", "rtn", "--group-size", "32",
                     "-o", out, match=match, case=f"model folder: {name} is {make}")
         cli.refused("eval", "--model", model, "--ppl", match=match,
                     case=f"eval: model folder {name} is {make}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     assert not out.exists()
 
 
