@@ -36,6 +36,10 @@ CHECKPOINT_ATTR = "qcal_checkpoint"  # set on models qcal returns: the folder th
 # (`scheme` as bits/group_size/sym, `method_options` against the method's config).
 NOT_OPTIONS = frozenset({"model", "tokenizer", "scheme", "progress", "method_options"})
 FIELD_OF = {"scheme_overrides": "scheme_override"}  # API name -> the schema's field
+# qcal.evaluate's **options that are `qcal eval` options of the same name (task_limits is
+# converted to --task-limit's TASK=N form).
+EVAL_OPTION_FIELDS = ("stride", "batch_size", "source", "num_fewshot", "task_batch_size",
+                      "confidence", "ece_bins")
 
 
 def _validated(values: dict[str, Any], scheme: Any, method: str,
@@ -208,7 +212,22 @@ def evaluate(model: Any = None, *, tasks: Sequence[str] = (), ppl: bool = True,
     qcal.quantize; `base` adds drift from that model. Returns the results dict that
     `qcal eval` writes as JSON. `options` are further EvalConfig fields."""
     from qcal.eval.job import run_evaluation
+    from qcal.schema import COMMAND_SCHEMAS
+    from qcal.schema.fields import validate
 
+    def joined(names: Any) -> Any:  # the CLI's comma lists; one string stays one name list
+        return names if isinstance(names, str) or not isinstance(names, (list, tuple)) \
+            else ",".join(map(str, names))
+
+    limits = options.get("task_limits", ())
+    data = {"ppl": ppl, "langs": joined(langs), "tasks": joined(tasks) or None, "limit": limit,
+            "seqlen": seqlen, "max_windows": max_windows, "device": device,
+            "task_limit": [f"{t}={n}" for t, n in limits] if isinstance(limits, (list, tuple))
+            else limits,
+            **{k: v for k, v in options.items() if k in EVAL_OPTION_FIELDS}}
+    validate(COMMAND_SCHEMAS["eval"], {k: v for k, v in data.items() if v is not None},
+             lambda field: f"qcal.evaluate({field}=...)" if field else "qcal.evaluate:", repr,
+             strict=True)
     cfg = EvalConfig(tasks=tuple(tasks), ppl=ppl, langs=tuple(langs), limit=limit,
                      seqlen=seqlen, max_windows=max_windows, **options)
     outcome = run_evaluation(_path_of(model), cfg, base=_path_of(base) if base is not None

@@ -105,3 +105,20 @@ def test_chat_with_a_source_of_no_records_is_refused(cli: Cli, home: Path, calib
                 match="--chat renders the 'messages' of chat records",
                 case=f"--chat with --calib {calib} (ignored, yet recorded as chat: true)")
     assert not (home / "o").exists()
+
+
+@pytest.mark.parametrize(("given", "match"), [
+    ({"limit": "5"}, "qcal.evaluate(limit=...) '5' is invalid (input should be a valid integer)"),
+    ({"seqlen": 10**8}, "less than or equal to 1048576"),
+    ({"ece_bins": 10**9}, "less than or equal to 1000"),
+])
+def test_evaluate_validates_through_the_schema(cli: Cli, home: Path, given: dict,
+                                               match: str) -> None:
+    import qcal
+    from qcal.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        qcal.evaluate(str(home / "mymodel"), **given)
+    assert match in str(refused.value), str(refused.value)
+    cli.record(f"qcal.evaluate({', '.join(f'{k}={v!r}' for k, v in given.items())})",
+               ("python", "qcal.evaluate(...)"), 2, f"ConfigError: {refused.value}")

@@ -75,11 +75,15 @@ def test_every_api_parameter_is_validated_by_the_schema() -> None:
     each one is): a parameter with no field there would go unchecked."""
     import qcal.api
 
-    fields = set(COMMAND_SCHEMAS["quantize"].model_fields)
-    for fn in (qcal.api.quantize,):
+    for fn, command, objects in ((qcal.api.quantize, "quantize", qcal.api.NOT_OPTIONS),
+                                 (qcal.api.evaluate, "eval", {"model", "base", "progress"})):
+        fields = set(COMMAND_SCHEMAS[command].model_fields)
         hints = typing.get_type_hints(fn)
         for param in inspect.signature(fn).parameters.values():
-            if param.kind is param.VAR_KEYWORD or param.name in qcal.api.NOT_OPTIONS:
+            if param.kind is param.VAR_KEYWORD or param.name in objects:
                 continue
             assert param.name in fields or qcal.api.FIELD_OF.get(param.name) in fields, (
-                f"qcal.quantize({param.name}=...) has no schema field ({hints.get(param.name)})")
+                f"qcal.{fn.__name__}({param.name}=...) has no schema field "
+                f"({hints.get(param.name)})")
+    eval_fields = set(COMMAND_SCHEMAS["eval"].model_fields)
+    assert set(qcal.api.EVAL_OPTION_FIELDS) <= eval_fields
