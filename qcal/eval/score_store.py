@@ -2,8 +2,8 @@
 lm-eval run that is interrupted (a killed grid, a session that ends) resumes where it
 stopped instead of scoring thousands of items again.
 
-A store is one JSON-lines file: a header naming the model it belongs to (a fingerprint of
-its files, the device and dtype it ran in), then one line per scored request: a digest
+A store is one JSON-lines file: a header naming the model it belongs to (a digest of
+its weights, config and tokenizer, the device and dtype it ran in), then one line per scored request: a digest
 of its context and continuation tokens, the log-likelihood and the greedy flag. Floats
 round-trip exactly through JSON. A file whose header names another model (the checkpoint
 was rebuilt, another dtype) is started over; a last line cut short by a kill is ignored.
@@ -19,19 +19,34 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qcal.cache import fingerprint
 from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_text
 
 FORMAT = "qcal-scores/1"
 
 
+# Files beside the weights that record how a folder was made (timings, dates, peak memory)
+# rather than what the model computes: two builds of the same weights differ only in these.
+NOTE_FILES = frozenset({"quant_log.json", "PROVENANCE.json", ".qcal-output.json"})
+_CHUNK = 2**24
+
+
 def model_identity(model_dir: Path) -> str:
-    """A fingerprint of a model directory's files (names, sizes, modification times): a
-    rebuilt checkpoint gets a new one, so scores of the old one are never reused."""
-    files = [(path.name, path.stat().st_size, path.stat().st_mtime_ns)
-             for path in sorted(Path(model_dir).iterdir()) if path.is_file()]
-    return fingerprint("model files", files)[:24]
+    """A digest of what a model directory computes with: the content of its weights,
+    config and tokenizer files (not the notes of how it was built, NOTE_FILES and *.md).
+    A rebuilt checkpoint with other weights gets a new identity and its old scores are
+    never reused; the same weights rebuilt on a fresh machine (a provisioned float model,
+    a deterministic quantization) keep theirs, so a committed store resumes there. Hashing
+    reads the files once (seconds for a 7 GB model, beside hours of scoring)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).iterdir()):
+        if not path.is_file() or path.name in NOTE_FILES or path.suffix == ".md":
+            continue
+        digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()[:24]
 
 
 def request_key(context: Sequence[int], continuation: Sequence[int]) -> str:

@@ -87,6 +87,27 @@ class HessianSink:
             self._batch.clear()
             self._seen.clear()
 
+    def feed(self, layer: nn.Module, inputs: LayerInputs, device: str) -> None:
+        """Run the calibration batches through `layer`, collecting this step's inputs."""
+        feed_linear_inputs(layer, inputs, self.names, self, device)
+
+    def owner(self, name: str) -> str:
+        """The linear whose input statistics `name` shares (itself if none)."""
+        return self.alias.get(name, name)
+
+    def asymmetry(self, name: str) -> tuple[torch.Tensor, float] | None:
+        """What `gptq_quantize` takes as `asymmetry` for `name`: None for plain GPTQ."""
+        return None
+
+    def statistics(self) -> tuple[dict[str, torch.Tensor], ...]:
+        """The running means kept per input, summed across ranks under torchrun."""
+        return (self.hessians,)
+
+    def release(self, owner: str) -> None:
+        """Free the statistics of input `owner` (the last batch that reads them is done)."""
+        for stats in self.statistics():
+            stats.pop(owner, None)
+
     def hessian(self, name: str) -> torch.Tensor:
         owner = self.alias.get(name, name)
         if owner not in self.hessians:
@@ -98,11 +119,6 @@ class HessianSink:
             mirror_upper_(self.hessians[owner])
             self._upper.discard(owner)
         return self.hessians[owner]
-
-
-def fingerprint(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor, packed: bool) -> str:
-    """Identifies a run for --resume: same model, config and calibration ids."""
-    return resume_fingerprint("gptq", model, cfg, calib, packed)
 
 
 def _attention_replay(layer: nn.Module, steps: tuple[tuple[str, ...], ...],
@@ -125,6 +141,7 @@ def quantize_layer_gptq(
     prefix: str = "", device: str = "cpu", packed: bool = True, dist: DistContext = SINGLE,
     attention: tuple[str, str] | None = None, attention_norm: str | None = None,
     scheme_of: Callable[[str], QuantScheme] | None = None,
+    new_sink: Callable[[tuple[str, ...]], HessianSink] = HessianSink,
 ) -> dict[str, float | None]:
     """Quantize one decoder layer in place; returns {linear name: hessian loss}.
 
@@ -134,7 +151,8 @@ def quantize_layer_gptq(
     final and replayed for the later steps and the layer's final pass (qcal.model.replay;
     the caller releases it with `release_replay` after that pass), skipping
     `attention_norm` (ArchSpec.attention_norm) while it does. `scheme_of(name)` gives a
-    linear its own scheme (--scheme-override; default: `cfg.scheme` for all)."""
+    linear its own scheme (--scheme-override; default: `cfg.scheme` for all). `new_sink(step)`
+    collects a step's statistics (GPTAQ's sink adds the float stream's, qcal.methods.gptaq)."""
     losses: dict[str, float | None] = {}
 
     def cfg_of(name: str) -> GPTQConfig:
@@ -145,11 +163,11 @@ def quantize_layer_gptq(
         layer_linear(layer, name)  # fail early on a wrong ArchSpec
     replay = _attention_replay(layer, steps, attention, len(inputs.hidden), attention_norm)
     for step in steps:
-        sink = HessianSink(step)
+        sink = new_sink(step)
         records = replay is not None and replay.out_name in step
         if records:
             replay.record()
-        feed_linear_inputs(layer, inputs, step, sink, device)
+        sink.feed(layer, inputs, device)
         if records:
             replay.replay()
         _reduce_hessians(sink, dist)
@@ -180,7 +198,8 @@ def quantize_layer_gptq(
             batch_cfg = cfg_of(names[0])
             if owner == dist.rank:
                 result = gptq_quantize(stacked, sink.hessian(names[0]), batch_cfg,
-                                       name=f"{prefix}{'+'.join(names)}", with_loss=False)
+                                       name=f"{prefix}{'+'.join(names)}", with_loss=False,
+                                       asymmetry=sink.asymmetry(names[0]))
             result = _share_result(result, stacked, batch_cfg, owner, dist)
             start = 0
             for name in names:
@@ -209,7 +228,7 @@ def quantize_layer_gptq(
             # scheme still reads it; free it before the next.
             left[input_owner] -= 1
             if not left[input_owner]:
-                sink.hessians.pop(input_owner, None)
+                sink.release(input_owner)
             del stacked, result
         del sink
     return losses
@@ -230,11 +249,11 @@ def _reduce_hessians(sink: HessianSink, dist: DistContext) -> None:
         return
     for owner in sorted(sink.hessians):
         n = torch.tensor([float(sink.counts[owner])], dtype=torch.float64)
-        h = sink.hessians[owner]
-        total = h.mul_(sink.counts[owner])
-        dist.all_reduce_sum(total)
         dist.all_reduce_sum(n)
-        sink.hessians[owner] = total.div_(float(n.item()))
+        for stats in sink.statistics():  # every rank holds the same owners, in this order
+            total = stats[owner].mul_(sink.counts[owner])
+            dist.all_reduce_sum(total)
+            stats[owner] = total.div_(float(n.item()))
         sink.counts[owner] = int(n.item())
 
 
@@ -266,8 +285,19 @@ def _share_result(result: QuantResult | None, weight: torch.Tensor, cfg: GPTQCon
 def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
              opts: RunOptions) -> dict[str, float | None]:
     """Quantize every linear of the model's ArchSpec with GPTQ; returns per-linear losses."""
+    return run_hessian_method("gptq", model, cfg, calib, opts)
+
+
+def run_hessian_method(
+    method: str, model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None, opts: RunOptions,
+    new_sink: Callable[[tuple[str, ...]], HessianSink] = HessianSink,
+    reference_stream: bool = False,
+) -> dict[str, float | None]:
+    """GPTQ's layer-by-layer run with `new_sink` collecting each step's statistics; with
+    `reference_stream` the driver carries the float model's stream beside (GPTAQ)."""
     if calib is None or calib.numel() == 0:
-        raise ConfigError("GPTQ needs calibration token ids; pass --calib with --nsamples > 0")
+        raise ConfigError(f"{method.upper()} needs calibration token ids; pass --calib with "
+                          "--nsamples > 0")
     dist = opts.dist
     if calib.shape[0] < dist.world:
         raise ConfigError(f"{calib.shape[0]} calibration windows cannot be shared by "
@@ -280,28 +310,34 @@ def run_gptq(model: nn.Module, cfg: GPTQConfig, calib: torch.Tensor | None,
         spec = layer_spec(arch, index, opts.selection)
         steps = spec.sequential if cfg.true_sequential else (spec.linear_names,)
         calibrate_experts(layer, opts.selection.moe_all_experts)
+        if inputs.reference is not None:
+            calibrate_experts(inputs.reference.layer, opts.selection.moe_all_experts)
         prefix = f"{arch.layers_path}.{index}."
         losses = quantize_layer_gptq(layer, inputs, steps, cfg, prefix,
                                      opts.device, opts.packed, dist, spec.attention,
                                      spec.attention_norm,
                                      lambda name: opts.selection.scheme_of(prefix + name,
-                                                                           cfg.scheme))
+                                                                           cfg.scheme),
+                                     new_sink)
         finish_experts(layer)
+        if inputs.reference is not None:
+            finish_experts(inputs.reference.layer)
         if dist.is_main:
-            opts.log(f"gptq layer {index}: " + ", ".join(
+            opts.log(f"{method} layer {index}: " + ", ".join(
                 f"{n.rsplit('.', 1)[-1]}={v:.4g}" for n, v in losses.items() if v is not None))
         return losses
 
     with torch.no_grad():
         logs = sequential_quantize(
             model, arch, dist.shard(calib), one_layer, device=opts.device, batch_size=CALIB_BATCH,
-            progress=opts.progress and dist.is_main, desc="gptq", work_dir=opts.work_dir,
+            progress=opts.progress and dist.is_main, desc=method, work_dir=opts.work_dir,
             resume=opts.resume,
-            fingerprint=(fingerprint(model, cfg, calib, opts.packed) + f"-x{dist.world}"
-                         + selection_tag(opts.selection)),
+            fingerprint=(resume_fingerprint(method, model, cfg, calib, opts.packed)
+                         + f"-x{dist.world}" + selection_tag(opts.selection)),
             store_dtype=None if store == model_dtype else store,
             weights=DiskWeights(opts.weights_dir) if opts.weights_dir is not None else None,
             dist=dist, max_memory=opts.max_memory,  # issue 36: activation budget
+            reference_stream=reference_stream,
         )
     return {f"{arch.layers_path}.{index}.{name}": loss
             for index, per_layer in logs.items() for name, loss in per_layer.items()}

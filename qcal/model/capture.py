@@ -27,6 +27,17 @@ class _StopForward(Exception):
 
 
 @dataclasses.dataclass
+class ReferenceStream:
+    """What the *float* model feeds a decoder layer, beside what the partly quantized model
+    feeds it (GPTAQ fits the quantized layer to the float one): the layer's float copy,
+    taken before the method changes it, and the float model's hidden states per batch.
+    The keyword inputs (masks, rotary tables) are the same for both streams."""
+
+    layer: nn.Module
+    hidden: list[torch.Tensor]
+
+
+@dataclasses.dataclass
 class LayerInputs:
     """Per-batch hidden states entering a decoder layer, and the keyword arguments
     (rotary embeddings, masks, positions) the model passed alongside them."""
@@ -36,12 +47,22 @@ class LayerInputs:
     # Per decoder layer, then per batch, when layers get different keyword inputs (Gemma3);
     # None when every layer gets `kwargs` (Llama-like models).
     layer_kwargs: list[list[dict[str, Any]]] | None = None
+    # The float model's stream, for methods that ask the driver to carry it.
+    reference: ReferenceStream | None = None
 
     def for_layer(self, index: int) -> LayerInputs:
         """These hidden states with the keyword inputs decoder layer `index` receives."""
         if self.layer_kwargs is None:
             return self
-        return LayerInputs(self.hidden, self.layer_kwargs[index], self.layer_kwargs)
+        return LayerInputs(self.hidden, self.layer_kwargs[index], self.layer_kwargs,
+                           self.reference)
+
+    def batch(self, index: int, reference: bool = False) -> LayerInputs:
+        """Batch `index` alone (of the float stream when `reference`)."""
+        if reference and self.reference is None:
+            raise ValueError("these inputs carry no float reference stream")
+        hidden = self.reference.hidden if reference and self.reference else self.hidden
+        return LayerInputs([hidden[index]], [self.kwargs[index]])
 
     @property
     def n_tokens(self) -> int:

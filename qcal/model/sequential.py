@@ -10,6 +10,7 @@ layer of an interrupted run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from qcal.cache import fingerprint
 from qcal.errors import ConfigError
 from qcal.fsio import atomic_write_bytes, atomic_write_text
 from qcal.model.arch import ArchSpec, decoder_layers, get_module
-from qcal.model.capture import LayerInputs, capture_layer0_inputs, run_layer
+from qcal.model.capture import LayerInputs, ReferenceStream, capture_layer0_inputs, run_layer
 from qcal.model.distributed import SINGLE, DistContext
 from qcal.model.offload import DiskWeights, return_freed_memory
 from qcal.model.replay import release_replay
@@ -60,7 +61,8 @@ def _batch_file(index_file: Path, batch: int) -> Path:
 
 
 def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerInputs,
-                   logs: dict[str, Any], fingerprint: str, dist: DistContext) -> None:
+                   logs: dict[str, Any], fingerprint: str, dist: DistContext,
+                   reference: list[torch.Tensor] | None = None) -> None:
     """Resume state as safetensors + JSON only: loading it can never run code.
 
     Order matters for a kill at any point: the layer, then progress, then the hidden
@@ -74,8 +76,11 @@ def _save_progress(work_dir: Path, index: int, layer: nn.Module, inputs: LayerIn
     # One file per batch: the whole calibration set never has to sit in memory twice.
     index_file = _hidden_file(work_dir, dist)
     for i, h in enumerate(inputs.hidden):
+        tensors = {"hidden": h.contiguous()}
+        if reference is not None:  # the float model's stream (GPTAQ), batch by batch
+            tensors["reference"] = reference[i].contiguous()
         atomic_write_bytes(_batch_file(index_file, i),
-                           save({"hidden": h.contiguous()}, metadata={"layer": str(index)}))
+                           save(tensors, metadata={"layer": str(index)}))
     atomic_write_text(index_file, json.dumps({"layer": index, "batches": len(inputs.hidden)}))
     dist.barrier()
 
@@ -108,11 +113,13 @@ def read_progress(work_dir: Path) -> dict[str, Any] | None:
 
 
 def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
-            dist: DistContext = SINGLE
-            ) -> tuple[int, list[torch.Tensor] | None, dict[str, Any]]:
+            dist: DistContext = SINGLE, reference: bool = False,
+            ) -> tuple[int, list[torch.Tensor] | None, list[torch.Tensor] | None, dict[str, Any]]:
+    """(last finished layer, its output hidden states, the float stream's when `reference`,
+    the logs) of the run saved in `work_dir`; (-1, None, None, {}) when there is none."""
     state = read_progress(work_dir)
     if state is None:
-        return -1, None, {}
+        return -1, None, None, {}
     if state.get("fingerprint") != fingerprint:
         raise ResumeStateError(
             f"{work_dir} holds progress of a different run (model, method or calibration "
@@ -140,15 +147,18 @@ def _resume(work_dir: Path, layers: nn.ModuleList, fingerprint: str,
         read_layer_state(layers[i], layer_file(work_dir, i))
         if streamed:  # the checkpoint is assembled from the files; memory stays one layer
             free_layer(layers, i)
-    hidden = []
+    hidden, floats = [], []
     for i in range(batches):
         part, meta = read_state_file(_batch_file(hidden_file, i))
-        if "hidden" not in part or meta.get("layer") != str(tagged):
+        if ("hidden" not in part or (reference and "reference" not in part)
+                or meta.get("layer") != str(tagged)):
             raise ResumeStateError(f"resume state file {_batch_file(hidden_file, i)} does not "
                                    f"belong to layer {tagged}; start over: run without --resume "
                                    "and with --overwrite")
         hidden.append(part["hidden"])
-    return done, hidden, state.get("logs", {})
+        if reference:
+            floats.append(part["reference"])
+    return done, hidden, floats if reference else None, state.get("logs", {})
 
 
 def sequential_quantize(
@@ -156,9 +166,14 @@ def sequential_quantize(
     device: str = "cpu", batch_size: int = 8, progress: bool = True, desc: str = "layers",
     work_dir: Path | None = None, resume: bool = False, fingerprint: str = "",
     store_dtype: torch.dtype | None = None, weights: DiskWeights | None = None,
-    dist: DistContext = SINGLE, max_memory: int | None = None,
+    dist: DistContext = SINGLE, max_memory: int | None = None, reference_stream: bool = False,
 ) -> dict[str, Any]:
     """Run `quantize_layer(index, layer, inputs)` over all decoder layers; returns its logs.
+
+    `reference_stream` also carries the float model's hidden states, layer by layer, and
+    hands each layer's float copy and float inputs to `quantize_layer` as
+    `inputs.reference` (GPTAQ): one more layer and one more set of activations in memory,
+    saved with the resume state and spilled to disk like the quantized stream.
 
     `store_dtype` (e.g. torch.float16) keeps the calibration activations between
     layers compactly; by default they keep the model's dtype. `weights` (the directory
@@ -170,10 +185,11 @@ def sequential_quantize(
     """
     layers = decoder_layers(model, arch)
     logs: dict[str, Any] = {}
-    start, hidden = 0, None
+    start, hidden, floats = 0, None, None
     return_freed_memory()
     if resume and work_dir is not None:
-        done, hidden, logs = _resume(work_dir, layers, fingerprint, dist)
+        done, hidden, floats, logs = _resume(work_dir, layers, fingerprint, dist,
+                                             reference_stream)
         start = done + 1
     # The keyword inputs (rotary embeddings, masks; per layer where they differ, as in
     # Gemma3) are cheap to recompute, so resume state stores only the hidden states.
@@ -185,10 +201,14 @@ def sequential_quantize(
             raise ResumeStateError(f"resume state in {work_dir} does not match the calibration "
                                    "batches; start over: run without --resume, with --overwrite")
         inputs = dataclasses.replace(inputs, hidden=hidden)
-    held = sum(h.numel() * h.element_size() for h in inputs.hidden)
+    if reference_stream and floats is None:  # layer 0: both models feed it the same
+        floats = [h.clone() for h in inputs.hidden]
+    held = sum(h.numel() * h.element_size() for h in inputs.hidden) * (2 if floats else 1)
     if work_dir is not None and held > activation_budget(max_memory):
         spill_dir = work_dir / (f"spill.rank{dist.rank}" if dist.active else "spill")
         inputs = dataclasses.replace(inputs, hidden=spill_to_disk(inputs.hidden, spill_dir))
+        if floats is not None:
+            floats = spill_to_disk(floats, spill_dir.with_name(spill_dir.name + "-float"))
     bar = tqdm(range(len(layers)), desc=desc, disable=not progress, initial=start)
     for index in range(start, len(layers)):
         # A skeleton's layer (qcal.model.stream) is read from disk now and freed when done.
@@ -197,16 +217,25 @@ def sequential_quantize(
             weights.load_into(layers[index], f"{arch.layers_path}.{index}.")
         layer = layers[index].to(device)
         layer_inputs = inputs.for_layer(index)
+        if floats is not None:
+            layer_inputs = dataclasses.replace(
+                layer_inputs, reference=ReferenceStream(copy.deepcopy(layer), floats))
         logs[str(index)] = quantize_layer(index, layer, layer_inputs)
         # In place: the layer's inputs are dead once it is quantized.
         inputs = dataclasses.replace(inputs, hidden=run_layer(layer, layer_inputs, device,
                                                               store_dtype, inplace=True))
+        if layer_inputs.reference is not None:
+            floats = run_layer(layer_inputs.reference.layer,
+                               dataclasses.replace(layer_inputs, hidden=floats, reference=None),
+                               device, store_dtype, inplace=True)
+        del layer_inputs  # and with it the float copy of the layer
         _drop_kernel_caches(layer)
         release_replay(layer)  # a method's attention replay lives until this final pass
         layers[index] = layer.to("cpu") if device != "cpu" else layer
         return_freed_memory()
         if work_dir is not None:
-            _save_progress(work_dir, index, layers[index], inputs, logs, fingerprint, dist)
+            _save_progress(work_dir, index, layers[index], inputs, logs, fingerprint, dist,
+                           floats)
             if streamed:
                 free_layer(layers, index)
         bar.update(1)

@@ -21,6 +21,7 @@ from qcal.config import GPTQConfig, QuantScheme
 from qcal.errors import ConfigError
 from qcal.quant import intgrid as grid
 from qcal.quant.base import QuantResult
+from qcal.quant.gptaq import asymmetry_feedback
 from qcal.quant.hessian import dead_columns, hessian_loss, inverse_cholesky
 
 # Scales are stored as fp16 in the checkpoint. Rounding them *before* quantizing
@@ -104,20 +105,23 @@ def _descending(diagonal: torch.Tensor) -> torch.Tensor:
 
 def gptq_quantize(
     weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str = "layer",
-    with_loss: bool = True,
+    with_loss: bool = True, asymmetry: tuple[torch.Tensor, float] | None = None,
 ) -> QuantResult:
     """Quantize `weight` [out, in] against `hessian` [in, in] (from `accumulate_hessian`).
 
     Returns a QuantResult whose `loss` is `hessian_loss` of the final weights under the
     undamped Hessian (mean squared output error over the calibration tokens); with
     `with_loss=False` (the caller splits stacked rows and scores each part) it is None.
+    `asymmetry` = (C, alpha) turns the loop into GPTAQ's (qcal.quant.gptaq): C [in, in] is
+    2/n * sum (x - x~) x~^T of the float inputs x against the quantized model's x~ (which
+    `hessian` is of); None (or C = 0) is plain GPTQ.
     """
     with _few_threads(weight.device, weight.shape[1]):
-        return _gptq(weight, hessian, cfg, name, with_loss)
+        return _gptq(weight, hessian, cfg, name, with_loss, asymmetry)
 
 
 def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: str,
-          with_loss: bool) -> QuantResult:
+          with_loss: bool, asymmetry: tuple[torch.Tensor, float] | None = None) -> QuantResult:
     scheme = cfg.scheme
     out_f, in_f = weight.shape
     if tuple(hessian.shape) != (in_f, in_f):
@@ -158,9 +162,13 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
         warnings.warn(f"{name}: the Hessian needed damp_percent={damp:g} (asked "
                       f"{cfg.damp_percent:g}) to be positive definite", stacklevel=2)
     del h
+    feedback = None
+    if asymmetry is not None:
+        feedback = asymmetry_feedback(asymmetry[0], upper, order, dead, asymmetry[1])
 
-    codes, scales, zeros = _quantize_columns(w, upper, perm, static, scheme, cfg, g, imp)
-    del upper, w
+    codes, scales, zeros = _quantize_columns(w, upper, perm, static, scheme, cfg, g, imp,
+                                             feedback)
+    del upper, w, feedback
     codes = codes.contiguous()  # only now: the factor and w (in^2 + out x in floats) are gone
 
     if static is not None:
@@ -185,11 +193,15 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: GPTQConfig, name: st
 def _quantize_columns(
     w: torch.Tensor, upper: torch.Tensor, perm: torch.Tensor,
     static: tuple[torch.Tensor, torch.Tensor] | None, scheme: QuantScheme, cfg: GPTQConfig, g: int,
-    importance: torch.Tensor | None = None,
+    importance: torch.Tensor | None = None, feedback: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The GPTQ loop over the (permuted) columns of `w`, updated in place; returns the
     codes in visiting order (a transposed view) and the grids of the groups as they were
-    formed. `importance` [in], in the same column order, weights imatrix clipping."""
+    formed. `importance` [in], in the same column order, weights imatrix clipping.
+    `feedback` [in, in] (GPTAQ's P, strictly upper triangular in visiting order) adds each
+    column's pre-rounding value times its row of P onto the later columns; as in the
+    published GPTAQ loop, the lazy trailing update applies P to the block as it ends up
+    (its rounded values)."""
     out_f, in_f = w.shape
     # The loop works on columns, so it keeps them as contiguous rows (codes and each block
     # transposed): a rank-1 update of a contiguous block runs ~9x faster than of the
@@ -206,6 +218,7 @@ def _quantize_columns(
         w1_t = w[:, i1:i2].T.contiguous()
         err1_t = torch.zeros_like(w1_t)
         u1 = upper[i1:i2, i1:i2].contiguous()
+        p1 = None if feedback is None else feedback[i1:i2, i1:i2].contiguous()
         with _threads(w.device, 1):
             for i in range(i2 - i1):
                 col = i1 + i
@@ -225,7 +238,13 @@ def _quantize_columns(
                 q = grid.quantize(col_w, scale, zero, scheme.maxq)
                 codes_t[col] = q
                 err = (col_w - grid.dequantize(q, scale, zero)) / u1[i, i]
+                # Computed before the update below changes col_w (a view of row i).
+                pull = None if p1 is None else p1[i, i:, None] * col_w
                 w1_t[i:].sub_(u1[i, i:, None] * err)
+                if pull is not None:
+                    w1_t[i:].add_(pull)
                 err1_t[i] = err
         w[:, i2:].sub_(err1_t.T.contiguous() @ upper[i1:i2, i2:])
+        if feedback is not None:
+            w[:, i2:].add_(w1_t.T @ feedback[i1:i2, i2:])
     return codes_t.T, scales, zeros

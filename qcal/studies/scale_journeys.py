@@ -55,8 +55,10 @@ def _with_json(run: dict[str, Any], stem: Path) -> dict[str, Any]:
     return run
 
 
-def run_step(step: str, model: Path, work: Path) -> dict[str, Any]:
-    """One journey step; its result names the files it wrote under `work`."""
+def run_step(step: str, model: Path, work: Path, scores: Path) -> dict[str, Any]:
+    """One journey step; its result names the files it wrote under `work`. `scores` holds
+    the tasks evals' per-request scores (committed beside the results: hours of scoring
+    that a fresh checkout resumes instead of redoing)."""
     kind, name = step.split("/", 1)
     ckpt = work / f"{name}-w4g128"
     if kind == "quantize":
@@ -74,7 +76,7 @@ def run_step(step: str, model: Path, work: Path) -> dict[str, Any]:
         stem = work / f"eval-{kind}-{name}"
         # One score folder for every tasks eval: the float base is scored once, and a run
         # stopped by the session's end resumes where it stopped.
-        flags = PPL if kind == "ppl" else [*TASKS, "--scores", str(work / "scores")]
+        flags = PPL if kind == "ppl" else [*TASKS, "--scores", str(scores)]
         return _with_json(_qcal(["eval", "--model", str(ckpt), "--base", str(model), *flags,
                                  "-o", str(stem), "--overwrite"]), stem)
     if kind == "eval-alone":
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = {"quantize": QUANTIZE, "ppl": PPL, "tasks": TASKS, "eval-alone": ALONE}
     out = args.out or results_dir() / "scale_1p5b"
     source = out.with_suffix(".json")
+    scores = out.with_name(out.name + "_scores")
     previous = json.loads(source.read_text()) if source.is_file() else {}
     restored = [] if args.fresh else restore(cache, previous, source.name, work, model.name,
                                              flags)
@@ -165,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     for step in steps:
         redo = _needs_checkpoint(cache, step, work)
         if redo is not None:
-            cache.cache.run(redo, lambda r=redo: run_step(r, model, work), lambda _: True)
-        cache.run(step, lambda s=step: run_step(s, model, work))
+            cache.cache.run(redo, lambda r=redo: run_step(r, model, work, scores),
+                            lambda _: True)
+        cache.run(step, lambda s=step: run_step(s, model, work, scores))
     project = qcal_home()
     done = {k: v for k, v in cache.results.items() if isinstance(v, dict) and v.get("result")}
     command = " ".join(["python -m qcal.studies.scale_journeys",

@@ -20,6 +20,7 @@ from torch import nn
 
 from qcal.cli import main
 from qcal.config import AWQConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.methods.gptaq import GPTAQConfig
 from qcal.methods.hqq import HQQConfig
 from qcal.methods.rtn_imatrix import RTNImatrixConfig
 from qcal.methods.rtn_mse import RTNMSEConfig
@@ -33,7 +34,8 @@ CONFIGS = {"rtn": RTNConfig(QuantScheme(4, 32)), "gptq": GPTQConfig(QuantScheme(
            "awq": AWQConfig(QuantScheme(4, 32)),
            "rtn-mse": RTNMSEConfig(QuantScheme(4, 32), mse_grid=20),
            "hqq": HQQConfig(QuantScheme(4, 32), iters=5),
-           "rtn-imatrix": RTNImatrixConfig(QuantScheme(4, 32), mse_grid=20)}
+           "rtn-imatrix": RTNImatrixConfig(QuantScheme(4, 32), mse_grid=20),
+           "gptaq": GPTAQConfig(QuantScheme(4, 32))}
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def test_quantize_holds_one_float_layer_at_a_time(sharded_model: Path, calib_tex
     assert all(p.is_meta for p in models[0].parameters())
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq", "awq", "rtn-mse", "hqq", "rtn-imatrix"])
+@pytest.mark.parametrize("method", list(CONFIGS))
 def test_streamed_checkpoint_is_byte_identical_to_full_load(sharded_model: Path, tmp_path: Path,
                                                             method: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,7 +94,7 @@ def test_flags_reach_the_config_and_other_methods_refuse_them() -> None:
     assert cfg == RTNMSEConfig(QuantScheme(4, 32), mse_grid=20, mse_norm=2.0)
     with pytest.raises(ConfigError, match="--mse-grid is a rtn-mse/rtn-imatrix option"):
         make_config(_args(method="rtn", mse_grid=20))
-    with pytest.raises(ConfigError, match="--damp is a gptq option"):
+    with pytest.raises(ConfigError, match="--damp is a gptq/gptaq option"):
         make_config(_args(method="rtn-mse", damp=0.05))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,4 +66,23 @@ def test_model_identity_changes_when_a_file_is_rewritten(tmp_path: Path) -> None
     first = model_identity(tmp_path)
     assert model_identity(tmp_path) == first
     (tmp_path / "model.safetensors").write_bytes(b"y" * 11)
+    assert model_identity(tmp_path) != first
+
+
+def test_model_identity_is_the_content_not_the_build_notes(tmp_path: Path) -> None:
+    """The same weights rebuilt elsewhere (new mtimes, other timings in quant_log.json)
+    keep their identity, so a committed score store resumes on a fresh machine; a changed
+    byte of the weights or the tokenizer does not."""
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "quant_log.json").write_text('{"quantize_seconds": 1.0}')
+    first = model_identity(tmp_path)
+    os.utime(tmp_path / "model.safetensors", (1, 1))
+    (tmp_path / "quant_log.json").write_text('{"quantize_seconds": 2.5}')
+    (tmp_path / "README.md").write_text("card")
+    assert model_identity(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 9 + b"z")
+    assert model_identity(tmp_path) != first
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "tokenizer.json").write_text('{"a": 1}')
     assert model_identity(tmp_path) != first
