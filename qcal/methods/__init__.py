@@ -8,7 +8,16 @@ schema, recipes and grids build their tables from the registry, so adding a meth
 one new file plus its line below.
 """
 
-from qcal.methods import awq_runner, gptaq, gptq_runner, hqq, rtn, rtn_imatrix, rtn_mse
+from qcal.methods import (
+    autoround,
+    awq_runner,
+    gptaq,
+    gptq_runner,
+    hqq,
+    rtn,
+    rtn_imatrix,
+    rtn_mse,
+)
 from qcal.methods.registry import (
     MethodFlag,
     QuantMethod,
@@ -19,7 +28,7 @@ from qcal.methods.registry import (
 )
 
 # The order is the order of their flags in `qcal quantize --help`.
-METHOD_MODULES = (rtn, gptq_runner, awq_runner, rtn_mse, rtn_imatrix, hqq, gptaq)
+METHOD_MODULES = (rtn, gptq_runner, awq_runner, rtn_mse, rtn_imatrix, hqq, gptaq, autoround)
 
 METHODS = new_method_registry()
 for _module in METHOD_MODULES:

@@ -161,11 +161,11 @@ def prelude_on(model: nn.Module, arch: ArchSpec, device: str | torch.device
     return moved
 
 
-def _to_device(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+def kwargs_on(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
     return _detach_kwargs(kwargs, device)
 
 
-def _compute_dtype(layer: nn.Module) -> torch.dtype:
+def compute_dtype(layer: nn.Module) -> torch.dtype:
     # A fully quantized layer may hold only buffers (QuantLinear) besides its norms.
     for t in (*layer.parameters(), *layer.buffers()):
         if t.is_floating_point():
@@ -184,10 +184,10 @@ def run_layer(
     so inputs and outputs of the whole calibration set never coexist in memory.
     """
     outs: list[torch.Tensor] = inputs.hidden if inplace else []
-    dtype = _compute_dtype(layer)
+    dtype = compute_dtype(layer)
     for i, (hidden, kwargs) in enumerate(zip(inputs.hidden, inputs.kwargs, strict=True)):
         h = hidden.to(device=device, dtype=dtype)
-        out = layer(h, **_to_device(kwargs, device))
+        out = layer(h, **kwargs_on(kwargs, device))
         out = out[0] if isinstance(out, tuple) else out
         out = out.detach()
         if inplace and out.shape == hidden.shape and hidden.device.type == "cpu" and (
@@ -276,7 +276,7 @@ def feed_linear_inputs(
         if fed >= wanted:
             raise _StopForward
 
-    dtype = _compute_dtype(layer)
+    dtype = compute_dtype(layer)
     try:
         with capture_linear_inputs(layer, names, collect):
             for hidden, kwargs in zip(inputs.hidden, inputs.kwargs, strict=True):
@@ -284,7 +284,7 @@ def feed_linear_inputs(
                 while True:
                     shared.first = None
                     try:
-                        layer(hidden.to(device=device, dtype=dtype), **_to_device(kwargs, device))
+                        layer(hidden.to(device=device, dtype=dtype), **kwargs_on(kwargs, device))
                     except _StopForward:
                         break
                     except Exception:

@@ -20,6 +20,7 @@ from torch import nn
 
 from qcal.cli import main
 from qcal.config import AWQConfig, GPTQConfig, QuantScheme, RTNConfig
+from qcal.methods.autoround import AutoRoundConfig
 from qcal.methods.gptaq import GPTAQConfig
 from qcal.methods.hqq import HQQConfig
 from qcal.methods.rtn_imatrix import RTNImatrixConfig
@@ -35,7 +36,8 @@ CONFIGS = {"rtn": RTNConfig(QuantScheme(4, 32)), "gptq": GPTQConfig(QuantScheme(
            "rtn-mse": RTNMSEConfig(QuantScheme(4, 32), mse_grid=20),
            "hqq": HQQConfig(QuantScheme(4, 32), iters=5),
            "rtn-imatrix": RTNImatrixConfig(QuantScheme(4, 32), mse_grid=20),
-           "gptaq": GPTAQConfig(QuantScheme(4, 32))}
+           "gptaq": GPTAQConfig(QuantScheme(4, 32)),
+           "autoround": AutoRoundConfig(QuantScheme(4, 32), iters=3, batch_size=2)}
 
 
 @pytest.fixture(scope="module")
