@@ -214,7 +214,9 @@ def run_evaluation(
         continuations: dict[str, list[dict[str, Any]]] = {}
         stores = {"model": _score_store(score_file, score_dir, model_dir, net, device),
                   "base": _score_store(None, score_dir, base_dir, base_net, device)}
-        for role, m in (("model", net), ("base", base_net)):
+        # The base first: it is the same for every checkpoint compared with it, so its store
+        # (keyed by content) is the one a later run, on any machine, is likeliest to reuse.
+        for role, m in (("base", base_net), ("model", net)):
             if m is None:
                 continue
             run = run_tasks(m, tok, tasks, tm, cfg.task_batch_size, cfg.limit, cfg.num_fewshot,
