@@ -29,7 +29,7 @@ from qcal.config import (
 from qcal.config import from_dict as config_from_dict
 from qcal.errors import ConfigError
 from qcal.model.hub import parse_hub_id
-from qcal.run_config import CalibConfig, EvalConfig
+from qcal.run_config import CalibConfig, EvalConfig, Rotation
 
 CHECKPOINT_ATTR = "qcal_checkpoint"  # set on models qcal returns: the folder they came from
 # qcal.quantize's parameters that are no `qcal quantize` option: objects, or checked apart
@@ -126,7 +126,7 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
              trust_remote_code: bool = False, targets: str | Sequence[str] = (),
              ignore: str | Sequence[str] = (), moe_all_experts: bool = False,
              scheme_overrides: Sequence[str | SchemeOverride] = (),
-             **method_options: Any) -> Any:
+             rotate: str | None = None, **method_options: Any) -> Any:
     """Quantize `model` and write the checkpoint to `output`; returns the quantized model.
 
     `model`: a local folder, a Hub id (`org/name[@revision]`), None (qcal's default
@@ -140,7 +140,8 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
     `ignore` (regexes on full linear names) and `moe_all_experts` are --targets, --ignore
     and --moe-all-experts. `scheme_overrides`: per-module schemes as --scheme-override
     writes them (`r".*down_proj=bits:8,group:128"`) or SchemeOverride objects; the first
-    matching one decides a linear's scheme.
+    matching one decides a linear's scheme. `rotate`: --rotate (`"hadamard"` or
+    `"hadamard:SEED"`), folded into the float weights before the method runs.
     """
     from qcal.methods import METHODS
     from qcal.output import OutputPolicy, default_output_dir
@@ -154,7 +155,8 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
                 "nsamples": nsamples, "seqlen": seqlen, "seed": seed, "text_field": text_field,
                 "chat": chat, "device": device, "overwrite": overwrite,
                 "trust_remote_code": trust_remote_code, "targets": targets, "ignore": ignore,
-                "moe_all_experts": moe_all_experts, "scheme_overrides": scheme_overrides},
+                "moe_all_experts": moe_all_experts, "scheme_overrides": scheme_overrides,
+                "rotate": rotate},
                scheme, method, method_options)
     overrides = tuple(o if isinstance(o, SchemeOverride) else parse_scheme_override(str(o))
                       for o in ([scheme_overrides] if isinstance(scheme_overrides, str)
@@ -181,7 +183,8 @@ def quantize(model: Any = None, *, tokenizer: Any = None, method: str = "gptq",
                              command=f"qcal.quantize({_describe(model)!r}, method={method!r})",
                              notes=(note,) if note else (),
                              modules=ModuleSelection(targets, ignore, moe_all_experts,
-                                                     overrides))
+                                                     overrides),
+                             rotation=Rotation.parse(rotate) if rotate else None)
         outcome = run_recipe(recipe, policy=OutputPolicy(overwrite=overwrite), progress=progress)
     return load(outcome.output, device="cpu")
 

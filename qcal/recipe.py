@@ -23,7 +23,7 @@ from qcal.config import (
 from qcal.config import from_dict as config_from_dict
 from qcal.config import to_dict as config_to_dict
 from qcal.errors import ConfigError
-from qcal.run_config import CalibConfig, EvalConfig
+from qcal.run_config import CalibConfig, EvalConfig, Rotation
 
 # A method's config: a frozen dataclass with a `scheme`, registered in the method's own file
 # (qcal.methods); which method runs follows from the config's type.
@@ -79,6 +79,8 @@ class QuantRecipe:
     notes: tuple[str, ...] = ()  # choices made for the user (e.g. the automatic group size)
     # --targets/--ignore, --moe-all-experts, --scheme-override (modules.schemes)
     modules: ModuleSelection = ModuleSelection()
+    # --rotate: folded into the float weights before the method runs (qcal.model.rotate).
+    rotation: Rotation | None = None
 
     def __post_init__(self) -> None:
         from qcal.packing.checkpoint import FORMATS
@@ -126,6 +128,8 @@ class QuantRecipe:
         calib = self.calib if self.uses_calibration() else None
         # The default selection adds nothing, so keys of existing checkpoints stay valid.
         extra = () if self.modules.is_default() else (self.modules,)
+        if self.rotation is not None:  # unrotated recipes keep the keys they had
+            extra = (*extra, self.rotation)
         return fingerprint("checkpoint", str(Path(model_dir).resolve()), self.method, calib,
                            self.format, *extra)
 
@@ -136,7 +140,8 @@ class QuantRecipe:
                 "trust_remote_code": self.trust_remote_code,
                 "eval": config_to_dict(self.eval) if self.eval is not None else None,
                 "format": self.format, "command": self.command, "notes": list(self.notes),
-                **({} if self.modules.is_default() else {"modules": config_to_dict(self.modules)})}
+                **({} if self.modules.is_default() else {"modules": config_to_dict(self.modules)}),
+                **({} if self.rotation is None else {"rotation": config_to_dict(self.rotation)})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantRecipe:
@@ -158,4 +163,6 @@ class QuantRecipe:
                    format=data.get("format", "gptq"), command=data.get("command"),
                    notes=tuple(data.get("notes") or ()),
                    modules=config_from_dict(ModuleSelection, data["modules"]) if data.get("modules")
-                   else ModuleSelection())
+                   else ModuleSelection(),
+                   rotation=config_from_dict(Rotation, data["rotation"]) if data.get("rotation")
+                   else None)

@@ -44,6 +44,7 @@ from qcal.model.consistency import check_token_ids
 from qcal.model.distributed import DistContext, from_env
 from qcal.model.loading import check_weight_files, load_model, load_tokenizer, resolve_model_dir
 from qcal.model.resolve import arch_for
+from qcal.model.rotate import check_rotatable, rotate_model
 from qcal.model.shapes import skeleton
 from qcal.model.shards import save_streamed_checkpoint
 from qcal.model.stream import is_streamed
@@ -51,6 +52,7 @@ from qcal.output import OutputPolicy, default_output_dir, guarded_output, work_d
 from qcal.packing.card import model_card
 from qcal.packing.checkpoint import DEFAULT_FORMAT, is_quantized_checkpoint, save_checkpoint
 from qcal.recipe import QuantRecipe
+from qcal.run_config import Rotation
 from qcal.schemes import (
     check_against_model,
     format_fields,
@@ -84,6 +86,8 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None,
     source = Source(resolve_model_dir(recipe.model, recipe.trust_remote_code),
                     recipe.trust_remote_code)
     modules = recipe.modules
+    if recipe.rotation is not None:  # what the fold cannot do exactly: before any work
+        check_rotatable(source.skeleton, arch_for(source.skeleton))
     if modules.schemes or modules.targets or modules.ignore:
         # each pattern names a linear, each group fits: before any work
         check_against_model(linear_shapes(source.skeleton), recipe.modules, recipe.scheme)
@@ -109,7 +113,8 @@ def run_recipe(recipe: QuantRecipe, *, cache: StepCache | None = None,
                               max_memory=max_memory,
                               **({"shard_bytes": shard_bytes} if shard_bytes else {}))
             done = quantize_layers(source, recipe.method_name, recipe.method,
-                                   calib.input_ids if calib is not None else None, opts)
+                                   calib.input_ids if calib is not None else None, opts,
+                                   rotation=recipe.rotation)
             # 5. Save.
             log = save(done, out, calib.manifest if calib is not None else None, opts,
                        extra_log={"recipe": recipe.to_dict(), "recipe_key": key,
@@ -208,29 +213,37 @@ class Quantized:
     arch: Any  # the ArchSpec
     losses: dict[str, float | None]
     seconds: float
+    rotation: dict[str, Any] | None = None  # what --rotate folded in (qcal.model.rotate)
 
 
 def quantize_layers(source: Source, method: str, config: Any, calib_ids: torch.Tensor | None,
-                    opts: RunOptions) -> Quantized:
+                    opts: RunOptions, rotation: Rotation | None = None) -> Quantized:
     """Load the model once and quantize it with `method`, layer by layer.
 
     With a work directory the float model streams: decoder layers stay on the meta device
     until their turn, finished layers go to the work dir, and the checkpoint is assembled
     from there shard by shard (qcal.model.stream, qcal.model.shards). Not where layers hold
-    modules re-expressed as linears (Conv1D, fused experts): their files name others.
+    modules re-expressed as linears (Conv1D, fused experts): their files name others, nor
+    with a `rotation`, which changes every weight the files hold before the method runs.
     """
     quant_method = METHODS.get(method)
     if type(config) is not quant_method.config_cls:  # exact: RTN-imatrix extends RTN-MSE
         raise ConfigError(f"method {method!r} takes a {quant_method.config_cls.__name__}")
     if quant_method.needs_calibration and calib_ids is None:
         raise ConfigError(f"method {method!r} needs calibration data; pass --calib")
-    stream = opts.work_dir is not None and opts.packed and not source.adapted
+    stream = (opts.work_dir is not None and opts.packed and not source.adapted
+              and rotation is None)
     source.check_files()  # a no-op when the run checked them before its output existed
     net, tokenizer, src = load_model(source.model_dir, trust_remote_code=source.trust_remote_code,
                                      stream=stream, prelude=quant_method.needs_calibration,
                                      tokenizer=source.tokenizer, check=False)
     check_token_ids(calib_ids, net, "calibration")
     arch = arch_for(net)
+    rotated = None
+    if rotation is not None:
+        probe = (calib_ids[:1, :64] if calib_ids is not None
+                 else torch.arange(64).remainder(net.get_input_embeddings().weight.shape[0])[None])
+        rotated = rotate_model(net, arch, rotation.seed, probe.to(next(net.parameters()).device))
     validate_scheme(net, config.scheme, opts.selection)
     overrides = opts.selection.schemes
     widths = {config.scheme.bits, *(o.bits for o in overrides if o.bits is not None)}
@@ -240,14 +253,15 @@ def quantize_layers(source: Source, method: str, config: Any, calib_ids: torch.T
             "be packed into a GPTQ checkpoint; "
             f"use bits in {PACKABLE_BITS} (other widths are available as fake-quant in Python)"
         )
-    if opts.weights_dir is None and not is_quantized_checkpoint(src) and not arch.adapted:
+    if (opts.weights_dir is None and not is_quantized_checkpoint(src) and not arch.adapted
+            and rotated is None):
         # Just loaded and unchanged: methods may re-read layers instead of keeping them resident
         # (not where layers were re-expressed as linears: their tensors differ from the files).
         opts = dataclasses.replace(opts, weights_dir=Path(src))
     started = time.perf_counter()
     losses = quant_method.run(net, config, calib_ids, opts)
     return Quantized(net, tokenizer, Path(src), method, config, arch, losses,
-                     time.perf_counter() - started)
+                     time.perf_counter() - started, rotated)
 
 
 def save(done: Quantized, out_dir: Path, calib_manifest: dict[str, Any] | None,
@@ -264,6 +278,8 @@ def save(done: Quantized, out_dir: Path, calib_manifest: dict[str, Any] | None,
         "format": fmt,
         "command": command,
     }
+    if done.rotation is not None:
+        meta["rotation"] = done.rotation
     log = {"losses": done.losses, **meta, **(extra_log or {}), "arch": done.arch.to_dict()}
     experts = expert_tokens(net)
     if experts:

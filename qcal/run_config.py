@@ -101,3 +101,30 @@ def task_limit_map(tasks: Sequence[str], limit: int | None,
     `task_limits`, else `limit`."""
     own = dict(task_limits)
     return {task: own.get(task, limit) for task in tasks}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rotation:
+    """`--rotate KIND[:SEED]`: a rotation folded into the float weights before quantizing
+    (qcal.model.rotate); `hadamard` is the one kind, `seed` draws its signs."""
+
+    kind: str = "hadamard"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind != "hadamard":
+            raise ConfigError(f"--rotate {self.kind!r} is unknown; use hadamard or hadamard:SEED")
+        if not 0 <= self.seed <= 2**32 - 1:
+            raise ConfigError(f"--rotate seed {self.seed} must lie in [0, 2^32 - 1]")
+
+    @classmethod
+    def parse(cls, text: str) -> Rotation:
+        """'hadamard' or 'hadamard:SEED'."""
+        kind, sep, seed = str(text).partition(":")
+        if sep and not seed.strip().isdigit():
+            raise ConfigError(f"--rotate {str(text)[:80]!r}: the seed must be a non-negative "
+                              "integer, e.g. hadamard:1")
+        return cls(kind.strip(), int(seed) if sep else 0)
+
+    def spec(self) -> str:
+        return f"{self.kind}:{self.seed}"

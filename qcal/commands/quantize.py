@@ -91,6 +91,10 @@ def add_parser(sub: Any) -> None:
                         "the start, e.g. '.*down_proj') take these fields instead of --bits/"
                         "--group-size/--sym; REGEX=skip keeps them float; repeatable, the first "
                         "match wins (like GPTQModel's dynamic); default: none")
+    p.add_argument("--rotate", default=None, metavar="hadamard[:SEED]",
+                   help="fold a seeded randomized Hadamard rotation of the residual stream into "
+                        "the float weights before the method runs (exact; RMSNorm models "
+                        "without post-norms; the output loads anywhere); default: none")
     p.add_argument("--show-arch", action="store_true",
                    help="print the architecture qcal resolves for the model (layers, linears, "
                         "steps, AWQ scale groups) and exit without quantizing")
@@ -166,7 +170,7 @@ def make_recipe(args: argparse.Namespace) -> Any:
     from qcal.errors import ConfigError
     from qcal.methods import METHODS, all_methods
     from qcal.recipe import QuantRecipe
-    from qcal.run_config import CalibConfig, EvalConfig
+    from qcal.run_config import CalibConfig, EvalConfig, Rotation
 
     method = METHODS.get(args.method)
     if not method.needs_calibration and args.selector is not None:
@@ -187,7 +191,8 @@ def make_recipe(args: argparse.Namespace) -> Any:
                        output=str(args.output) if args.output else None, device=args.device,
                        trust_remote_code=args.trust_remote_code, eval=evaluation,
                        format=args.format, command=getattr(args, "command_line", None),
-                       notes=tuple(n for n in [getattr(args, "group_choice", None)] if n))
+                       notes=tuple(n for n in [getattr(args, "group_choice", None)] if n),
+                       rotation=Rotation.parse(args.rotate) if args.rotate else None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -158,6 +158,17 @@ def _yaml(value: Any, indent: int = 0) -> list[str]:
     return lines
 
 
+def _rotation_lines(rotation: dict[str, Any] | None) -> list[str]:
+    if not rotation:
+        return []
+    return [f"- Rotated before quantizing (`--rotate {rotation['kind']}:{rotation['seed']}`): a "
+            f"randomized Hadamard rotation of the {rotation['hidden']}-wide residual stream "
+            "folded into the weights (norm weights folded into the linears they feed); no "
+            "rotation runs at inference"
+            + ("; the head is untied from the embedding (the final norm's fold needs it)"
+               if rotation.get("untied_head") else "")]
+
+
 def model_card(meta: dict[str, Any], fmt: str, base_model: str, command: str | None = None,
                evaluation: dict[str, Any] | None = None) -> str:
     """README.md text for a checkpoint described by its quant_log `meta`."""
@@ -189,6 +200,7 @@ def model_card(meta: dict[str, Any], fmt: str, base_model: str, command: str | N
         *(["- Per-module schemes (`--scheme-override`, first match wins): "
            + ", ".join(f"`{o}`" for o in meta["scheme_overrides"])]
           if meta.get("scheme_overrides") else []),
+        *_rotation_lines(meta.get("rotation")),
         *_calibration_lines(meta.get("calibration")),
         *_arch_lines(meta.get("arch")),
         f"- Base model licence: {info['license'] or 'see the base model'}",

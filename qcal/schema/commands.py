@@ -33,6 +33,7 @@ from qcal.schema.fields import (
     Options,
     Processes,
     Regex,
+    RotationText,
     SchemeOverrideText,
     Seed,
     Selector,
@@ -132,6 +133,7 @@ class QuantizeBase(Options):
     ignore: Annotated[list[Regex], Field(max_length=MAX_LIST)] = []
     moe_all_experts: Flag = False
     scheme_override: Annotated[list[SchemeOverrideText], Field(max_length=MAX_LIST)] = []
+    rotate: RotationText | None = None
     show_arch: Flag = False
     shard_size: Size = "2GB"
     max_memory: Size | Literal["auto"] = "auto"

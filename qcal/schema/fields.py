@@ -221,7 +221,20 @@ def check_scheme_override(text: str) -> str:
     return text
 
 
+def check_rotation(text: str) -> str:
+    """'hadamard' or 'hadamard:SEED' (qcal.run_config.Rotation's parser)."""
+    from qcal.errors import ConfigError
+    from qcal.run_config import Rotation
+
+    try:
+        Rotation.parse(text)
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+    return text
+
+
 Regex = Annotated[str, AfterValidator(check_regex)]
+RotationText = Annotated[str, AfterValidator(check_rotation), Field(max_length=64)]
 SchemeOverrideText = Annotated[str, AfterValidator(check_scheme_override)]
 Size = Annotated[str, AfterValidator(check_bytes)]
 ExistingFile = Annotated[Path, AfterValidator(existing_file)]
