@@ -30,7 +30,7 @@ def test_gap_closed_and_render() -> None:
     text = render_methods(data)
     assert "| float | 20.000" in text and "failed: it broke" in text
     assert "closes 33% of GPTQ's English gap" in text
-    assert "CPU time of these cells (quantize + eval, user + system): 2.00 CPU hours" in text
+    assert "CPU time of these cells (quantize + eval, user + system): 3.00 CPU hours" in text
 
 
 def test_plan_runs_data_free_methods_once_across_seeds() -> None:
