@@ -44,16 +44,63 @@ def token_divergence(logp: torch.Tensor, logq: torch.Tensor) -> tuple[torch.Tens
     return kl.clamp_min(0.0), js.clamp_min(0.0)
 
 
+def reverse_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """Per-row KL(Q || P) in nats: the quantized model's view, which weighs the tokens it
+    puts mass on that the float model does not (llm-compressor RFC 2031 asks for both)."""
+    return token_divergence(logq, logp)[0]
+
+
+TOP_TOKENS = 10  # target tokens listed by their summed KL
+WORST_SHARE = 0.01  # the share of positions whose KL share is reported
+POSITION_BINS = 10  # deciles of the position within its window
+
+
+def localization(kl: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,
+                 top: int = TOP_TOKENS) -> dict[str, Any]:
+    """Where the divergence sits: the share of the total KL carried by the worst 1% of
+    positions, the target tokens with the largest summed KL (with their count and mean),
+    and the KL share per decile of the position within its window (pure; token ids only,
+    the caller names them)."""
+    kl = kl.double()
+    total = float(kl.sum())
+    n = kl.numel()
+    worst = max(1, math.ceil(n * WORST_SHARE))
+    by_token: dict[int, list[float]] = {}
+    sums = torch.zeros(int(targets.max()) + 1 if n else 1, dtype=torch.float64)
+    counts = torch.zeros_like(sums)
+    sums.index_add_(0, targets.long(), kl)
+    counts.index_add_(0, targets.long(), torch.ones_like(kl))
+    order = torch.argsort(sums, descending=True)[:top]
+    for token in order.tolist():
+        if counts[token] > 0:
+            by_token[token] = [float(sums[token]), int(counts[token])]
+    bins = (positions.double() * POSITION_BINS).long().clamp_(0, POSITION_BINS - 1)
+    per_bin = torch.zeros(POSITION_BINS, dtype=torch.float64).index_add_(0, bins, kl)
+    return {
+        "worst_1pct_share": float(torch.topk(kl, worst).values.sum() / total) if total > 0
+        else math.nan,
+        "top_tokens": [{"token_id": t, "kl_sum": v[0], "count": v[1],
+                        "kl_share": v[0] / total if total > 0 else math.nan}
+                       for t, v in by_token.items()],
+        "kl_share_by_position_decile": [float(v / total) if total > 0 else math.nan
+                                        for v in per_bin],
+    }
+
+
 @dataclasses.dataclass
 class DriftOnText:
     base: PerplexityResult
     model: PerplexityResult
-    kl: torch.Tensor  # float32 [tokens], nats
+    kl: torch.Tensor  # float32 [tokens], nats: KL(float || quantized)
     js: torch.Tensor  # float32 [tokens], nats
+    kl_reverse: torch.Tensor | None = None  # float32 [tokens], nats: KL(quantized || float)
+    top1_agree: torch.Tensor | None = None  # bool [tokens]: both argmaxes equal
+    targets: torch.Tensor | None = None  # int64 [tokens]: the token each position predicts
+    positions: torch.Tensor | None = None  # float32 [tokens]: where in its window, in [0, 1)
 
     def summary(self) -> dict[str, Any]:
         worse = float((self.model.token_nll > self.base.token_nll).float().mean())
-        return {
+        out = {
             "base_ppl": self.base.ppl, "model_ppl": self.model.ppl,
             "ppl_delta": self.model.ppl - self.base.ppl,
             "ppl_ratio": self.model.ppl / self.base.ppl,
@@ -63,6 +110,13 @@ class DriftOnText:
             "tokens_nll_worse": worse,
             "tokens": int(self.kl.numel()),
         }
+        if self.kl_reverse is not None:
+            out["kl_reverse_mean"] = float(self.kl_reverse.double().mean())
+        if self.top1_agree is not None:
+            out["top1_agreement"] = float(self.top1_agree.double().mean())
+        if self.targets is not None and self.positions is not None:
+            out["localization"] = localization(self.kl, self.targets, self.positions)
+        return out
 
 
 @torch.no_grad()
@@ -95,7 +149,7 @@ def compare_on_ids(
         raise ConfigError(f"the text has {ids.numel()} tokens, fewer than one window of "
                           f"seqlen={seqlen}; use a longer text or a smaller --seqlen")
     dev_b, dev_m = next(base.parameters()).device, next(model.parameters()).device
-    nb, nm, kls, jss = [], [], [], []
+    nb, nm, kls, jss, rev, agree, targets, where = [], [], [], [], [], [], [], []
     for start, end, first in tqdm(spans, desc=desc, disable=not progress, leave=False):
         window = with_prefix(ids[start:end], prefix).unsqueeze(0)
         lp = _logprobs(base, window.to(dev_b))[0, :-1].cpu()
@@ -108,10 +162,17 @@ def compare_on_ids(
         nb.append(-lp.gather(1, target[:, None])[:, 0][keep])
         nm.append(-lq.gather(1, target[:, None])[:, 0][keep])
         lp, lq = lp[keep], lq[keep]
+        kept = target[keep]
+        targets.append(kept)
+        where.append(torch.arange(lp.shape[0], dtype=torch.float32).add_(
+            len(prefix) + first - 1).div_(max(1, window.shape[1] - 1)))
+        agree.append(lp.argmax(-1) == lq.argmax(-1))
         for r in range(0, lp.shape[0], ROW_CHUNK):
             kl, js = token_divergence(lp[r:r + ROW_CHUNK], lq[r:r + ROW_CHUNK])
             kls.append(kl.float())
             jss.append(js.float())
+            rev.append(reverse_kl(lp[r:r + ROW_CHUNK], lq[r:r + ROW_CHUNK]).float())
     mode = "fixed" if stride is None else f"stride{stride}"
     return DriftOnText(_result(nb, len(spans), seqlen, mode), _result(nm, len(spans), seqlen, mode),
-                       torch.cat(kls), torch.cat(jss))
+                       torch.cat(kls), torch.cat(jss), torch.cat(rev), torch.cat(agree),
+                       torch.cat(targets), torch.cat(where))

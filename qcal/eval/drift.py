@@ -57,6 +57,15 @@ def gold_changes(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarr
             "log_odds": gold_log_odds(model_probs, gold) - gold_log_odds(base_probs, gold)}
 
 
+def mcnemar_exact(wrong_to_correct: int, correct_to_wrong: int) -> float:
+    """Two-sided exact McNemar p-value: under "quantization changes no item's correctness
+    in either direction more often", each discordant item is a fair coin."""
+    from scipy.stats import binomtest
+
+    n = wrong_to_correct + correct_to_wrong
+    return 1.0 if n == 0 else float(binomtest(wrong_to_correct, n, 0.5).pvalue)
+
+
 def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray,
                quantiles: int = 4) -> dict[str, Any]:
     """Per-item conf_true change, answer flips, and their concentration by base confidence."""
@@ -106,11 +115,13 @@ def item_drift(base_probs: np.ndarray, model_probs: np.ndarray, gold: np.ndarray
                                                                      float(ct_b[idx].max())],
                             **group(mask)})
     test = paired_ttest(ct_b, ct_m) if len(gold) >= 2 else {"n": len(gold)}
+    to_correct, to_wrong = int((~corr_b & corr_m).sum()), int((corr_b & ~corr_m).sum())
     return {
         "n": int(len(gold)),
         "flip_rate": float(flips.mean()),
-        "flips_to_correct": int((~corr_b & corr_m).sum()),
-        "flips_to_wrong": int((corr_b & ~corr_m).sum()),
+        "flips_to_correct": to_correct,
+        "flips_to_wrong": to_wrong,
+        "mcnemar_p": mcnemar_exact(to_correct, to_wrong),
         "delta_conf_true": float(delta.mean()),
         "delta_log_odds_true": float(delta_log_odds.mean()),
         "frac_decreased": float((delta < 0).mean()),

@@ -97,10 +97,14 @@ def _perplexity(cfg: EvalConfig, texts: dict[str, str], net: Any, tok: Any, base
         ppl["model"][lang] = drift.model.summary()
         ppl["base"][lang] = drift.base.summary()
         ppl["divergence"][lang] = drift.summary()
+        for row in ppl["divergence"][lang].get("localization", {}).get("top_tokens", []):
+            row["token"] = tok.decode([row["token_id"]])
         streams[f"model/{lang}"] = drift.model.token_nll
         streams[f"base/{lang}"] = drift.base.token_nll
         streams[f"kl/{lang}"] = drift.kl
         streams[f"js/{lang}"] = drift.js
+        if drift.kl_reverse is not None:
+            streams[f"kl_reverse/{lang}"] = drift.kl_reverse
     return ppl, streams
 
 

@@ -46,13 +46,38 @@ def _ppl_md(ppl: dict[str, Any]) -> str:
         for lang in langs:
             m, b, d = ppl["model"][lang], ppl["base"][lang], ppl["divergence"][lang]
             rows.append([lang, _f(b["ppl"], ".3f"), _f(m["ppl"], ".3f"), _f(d["ppl_delta"], "+.3f"),
-                         _f(d["kl_mean"]), _f(d["kl_p95"]), _f(d["js_mean"]),
+                         _f(d["kl_mean"]), _f(d.get("kl_reverse_mean")), _f(d["kl_p95"]),
+                         _f(d["js_mean"]), _f(d.get("top1_agreement"), ".4f"),
+                         _f(d.get("localization", {}).get("worst_1pct_share"), ".3f"),
                          _f(d["tokens_nll_worse"], ".3f"), m["tokens"]])
-        return markdown_table(["lang", "base ppl", "model ppl", "delta", "KL mean (nats)",
-                               "KL p95", "JS mean (nats)", "tokens worse", "tokens"], rows)
+        table = markdown_table(["lang", "base ppl", "model ppl", "delta", "KL(float||q)",
+                                "KL(q||float)", "KL p95", "JS mean", "top-1 agreement",
+                                "KL share of worst 1% positions", "tokens worse", "tokens"],
+                               rows)
+        return table + _localization_md(ppl["divergence"])
     rows = [[lang, _f(r["ppl"], ".3f"), _f(r["nll"]), r["tokens"], r["windows"]]
             for lang, r in ppl["model"].items()]
     return markdown_table(["lang", "ppl", "nll/token", "tokens", "windows"], rows)
+
+
+def _localization_md(divergence: dict[str, Any]) -> str:
+    """The target tokens that carry most of each language's KL (nats per token; KL share of
+    the language's total), and the share per decile of the position within a window."""
+    rows, deciles = [], []
+    for lang, d in divergence.items():
+        loc = d.get("localization")
+        if not loc:
+            continue
+        rows += [[lang, repr(t.get("token", t["token_id"])), t["count"],
+                  _f(t["kl_sum"] / max(1, t["count"]), ".3f"), _f(t["kl_share"], ".3f")]
+                 for t in loc["top_tokens"][:5]]
+        deciles.append([lang, *(_f(v, ".2f") for v in loc["kl_share_by_position_decile"])])
+    if not rows:
+        return ""
+    return ("\n\nWhere the divergence sits: the predicted tokens with the largest summed "
+            "KL(float||q), and each tenth of the window's positions' share of it:\n\n"
+            + markdown_table(["lang", "token", "count", "mean KL", "KL share"], rows)
+            + "\n\n" + markdown_table(["lang", *(f"pos {i}0%" for i in range(10))], deciles))
 
 
 def _lm_md(lm: dict[str, Any]) -> str:
@@ -89,6 +114,7 @@ def _drift_md(drift: dict[str, Any], kind: str) -> str:
         rows.append([task, d["n"], _f(md["acc"], "+.4f"), _f(md["conf_true"], "+.4f"),
                      _f(t.get("t"), ".2f"), _f(t.get("p"), ".3g"), _f(d["frac_decreased"], ".3f"),
                      _f(d["flip_rate"], ".3f"), f"{d['flips_to_wrong']}/{d['flips_to_correct']}",
+                     _f(d.get("mcnemar_p"), ".3g"),
                      _f(md["ece"], "+.4f"), _f(md["brier"], "+.4f"), _f(md["nll"], "+.4f"),
                      _f(md["entropy"], "+.4f")])
         for q in d["by_base_conf_quantile"]:
@@ -100,7 +126,7 @@ def _drift_md(drift: dict[str, Any], kind: str) -> str:
                           _f(q["flip_rate"], ".3f")])
     table = markdown_table(
         ["task", "n", "d acc", "d conf_true", "t", "p", "items conf_true down", "flip rate",
-         "flips to wrong/right", "d ECE", "d Brier", "d NLL", "d entropy"], rows)
+         "flips to wrong/right", "McNemar p", "d ECE", "d Brier", "d NLL", "d entropy"], rows)
     quart = markdown_table(
         ["task", "base-confidence quartile", "base conf_true range", "n", "base conf_true",
          "d conf_true", "d log-odds", "mean |d|", "share of loss", "flip rate"], qrows)

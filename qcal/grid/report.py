@@ -90,6 +90,9 @@ def confidence_rows(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 bm = confidence_metrics(*base[task])
                 row.update({"d_acc": m["acc"] - bm["acc"], "d_conf_true": d["delta_conf_true"],
                             "d_ece": m["ece"] - bm["ece"], "flip_rate": d["flip_rate"],
+                            "flips_to_wrong": d["flips_to_wrong"],
+                            "flips_to_correct": d["flips_to_correct"],
+                            "mcnemar_p": d["mcnemar_p"],
                             "low_conf_quartile_d_conf_true":
                                 d["by_base_conf_quantile"][0].get("delta_conf_true")})
             rows.append(row)

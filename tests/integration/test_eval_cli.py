@@ -59,6 +59,12 @@ def test_float_vs_rtn_end_to_end(tiny_model_dir: Path, tiny_rtn: Path, tiny_task
     assert ppl["model"]["file"]["tokens"] == ppl["base"]["file"]["tokens"] == 3 * 63
     div = ppl["divergence"]["file"]
     assert div["kl_mean"] > 0 and 0 < div["js_mean"] < div["js_max_nats"]
+    assert div["kl_reverse_mean"] > 0 and div["kl_reverse_mean"] != div["kl_mean"]
+    assert 0 < div["top1_agreement"] <= 1
+    loc = div["localization"]
+    assert 0 < loc["worst_1pct_share"] <= 1 and sum(loc["kl_share_by_position_decile"]) == \
+        pytest.approx(1.0)
+    assert all(isinstance(t["token"], str) for t in loc["top_tokens"])
 
     cal = data["calibration"]["tiny_nextsent"]
     for role in ("model", "base"):
@@ -67,12 +73,14 @@ def test_float_vs_rtn_end_to_end(tiny_model_dir: Path, tiny_rtn: Path, tiny_task
         assert cal[role]["raw"]["acc"] == pytest.approx(cal[role]["lm_eval_acc"])
     drift = data["drift"]["tiny_nextsent"]["raw"]
     assert drift["n"] == 10 and 0 <= drift["flip_rate"] <= 1
+    assert 0 < drift["mcnemar_p"] <= 1
     assert sum(q["n"] for q in drift["by_base_conf_quantile"]) == 10
     assert all(math.isfinite(q["delta_log_odds_true"]) for q in drift["by_base_conf_quantile"])
 
     md = stem.with_suffix(".md").read_text()
     assert "qcal eval" in md and "tiny-rtn-w4g64" in md and "Calibration set" in md
-    assert "d log-odds" in md
+    assert "d log-odds" in md and "KL(q||float)" in md and "McNemar p" in md
+    assert "Where the divergence sits" in md
     png = stem.with_name("eval_tiny_reliability.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [json.loads(x) for x in stem.with_name("eval_tiny_items.jsonl").read_text().splitlines()]
@@ -81,6 +89,7 @@ def test_float_vs_rtn_end_to_end(tiny_model_dir: Path, tiny_rtn: Path, tiny_task
 
     streams = load_token_nll(stem.with_name("eval_tiny_token_nll.safetensors"))
     assert streams["model/file"].shape == streams["base/file"].shape == (3 * 63,)
+    assert streams["kl_reverse/file"].shape == (3 * 63,)
 
 
 def test_lm_eval_scores_the_in_memory_quantized_model(tiny_rtn: Path, tiny_task: Path) -> None:
