@@ -41,6 +41,9 @@ def _journey_row(step: str, run: dict[str, Any]) -> list[Any]:
     if not ok:
         tail = (run.get("error_tail") or "").split("Command exited with")[0].strip()
         outcome = "failed: " + ((tail.splitlines() or [""])[-1][:200])
+    elif step.startswith("rebuild/"):
+        outcome = (f"the checkpoint rebuilt for a later step on a fresh checkout (quantize "
+                   f"{run.get('quantize_seconds')} s); the quantize row keeps its own measurement")
     elif step.startswith("quantize/"):
         outcome = f"quantize {run.get('quantize_seconds')} s, {run.get('checkpoint_mib')} MiB"
     elif step.startswith("generate/"):
