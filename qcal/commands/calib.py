@@ -59,6 +59,33 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--full", action="store_true", help="include the per-sample list")
     s.set_defaults(handler=run_show)
 
+    d = csub.add_parser("diagnose", help="is a calibration set good? text, leakage into "
+                        "evaluation data, and the model's view of it against a target")
+    d.add_argument("set", help="a saved set (directory or name) or anything --calib takes")
+    d.add_argument("--model", default=None, help="model dir or Hub id (default model)")
+    d.add_argument("--nsamples", type=int, default=128, help="windows when SET is a source")
+    d.add_argument("--seqlen", type=int, default=512, help="tokens per window when SET is a source")
+    d.add_argument("--seed", type=int, default=0, help="seed of the draw when SET is a source")
+    d.add_argument("--target", default="en",
+                   help="what the model will be used on: languages of the packaged corpus's "
+                        "held-out chapters (en,de: one report each) or a saved set/source")
+    d.add_argument("--target-windows", type=int, default=16, help="windows per target")
+    d.add_argument("--layers", default="0,mid,last",
+                   help="decoder layers the model statistics sample (indices, mid, last)")
+    d.add_argument("--bits", type=int, default=4, help="scheme of the predicted damage")
+    d.add_argument("--group-size", type=int, default=128, help="scheme of the predicted damage")
+    d.add_argument("--no-model", action="store_true",
+                   help="text and leakage only: load no model weights")
+    d.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    d.add_argument("-o", "--output", type=Path, default=None,
+                   help="report stem (writes STEM.json and STEM.md; default "
+                        "results/diagnose-<set name>)")
+    d.add_argument("--overwrite", action="store_true",
+                   help="replace report files qcal did not write")
+    d.add_argument("--trust-remote-code", action="store_true",
+                   help="allow the model directory's own Python code to run (off by default)")
+    d.set_defaults(handler=run_diagnose)
+
     ls = csub.add_parser("list", help="list saved sets under calib_sets/")
     ls.add_argument("--dir", type=Path, default=None, help="folder to list (default calib_sets/)")
     ls.set_defaults(handler=run_list)
@@ -184,3 +211,9 @@ def run_list(args: argparse.Namespace) -> int:
               f"seqlen={r['seqlen']} seed={r['seed']} source={r['source']} langs={langs} "
               f"types={r['types']} digest={r['digest']}")
     return 0
+
+
+def run_diagnose(args: argparse.Namespace) -> int:
+    from qcal.calib.diagnose_job import diagnose_command
+
+    return diagnose_command(args)

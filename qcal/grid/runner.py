@@ -256,10 +256,37 @@ class GridRunner:
             f"{' (this shard)' if self.shard else ''}; wait for it to finish (the lock goes away "
             "with its process), or use another --name")
 
+    def check_leakage(self, todo: list[Cell]) -> None:
+        """Refuse a cell whose calibration set holds the data the grid evaluates on (1% of an
+        evaluation split's word 13-grams or more; qcal.calib.leakage), unless the grid says
+        `allow_leakage: true`. Calibration sets are built (and cached) for this first."""
+        calibrated = [c for c in todo if c.selector is not None]
+        if self.spec.allow_leakage or not calibrated:
+            return
+        from qcal.calib.diagnose import evaluation_splits, leakage_report
+        from qcal.data.sources import read_user_text
+        from qcal.model.loading import load_tokenizer, resolve_model_dir
+
+        if self.spec.eval_text_file:
+            splits = {"eval text file": [read_user_text(Path(self.spec.eval_text_file))]}
+        else:
+            splits = evaluation_splits(self.spec.eval_langs, tasks=self.spec.tasks)
+        for cell in calibrated:
+            tokenizer = load_tokenizer(resolve_model_dir(self.spec.setting(cell, "model")))
+            report = leakage_report(self.prepare_calibration(cell), tokenizer, splits)
+            if report["flagged"]:
+                split = report["flagged"][0]
+                share = report["splits"][split]["set_share"]
+                raise ConfigError(f"cell {cell.key}: its calibration set contains evaluation data "
+                                  f"({split} holds {share:.1%} of its word 13-grams); calibrate on "
+                                  "other data, or set allow_leakage: true in the grid to "
+                                  "measure it anyway")
+
     def _run_locked(self) -> dict[str, Any]:
         self._clean_stale()
         self._write_spec()
         todo = self.pending()
+        self.check_leakage(todo)
         cells = self.mine()
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="grid",
                    disable=not self.progress)

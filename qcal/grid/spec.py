@@ -61,6 +61,8 @@ class GridSpec:
     eval_text_file: str | None = None  # evaluate on this file instead of held-out corpora
     # Per-module schemes of every quantized cell, as --scheme-override writes them.
     scheme_overrides: tuple[str, ...] = ()
+    # Run cells whose calibration set holds evaluation data (refused by default).
+    allow_leakage: bool = False
 
     def __post_init__(self) -> None:
         from qcal.schema import validate_grid_keys
@@ -222,7 +224,8 @@ def load_grid_config(path: Path, overrides: dict[str, Any] | None = None) -> Gri
 
 
 # Fields that change only the cells' recipes (their keys tell stale cells), not the grid.
-RECIPE_ONLY_FIELDS = {"method_options": {}, "selector_options": {}, "scheme_overrides": ()}
+RECIPE_ONLY_FIELDS = {"method_options": {}, "selector_options": {}, "scheme_overrides": (),
+                      "allow_leakage": False}
 
 # Renamed fields: old grid files (and grid.json of finished grids) still load.
 RENAMED_FIELDS = {"calibration": "confidence", "models": "model", "seeds": "seed"}

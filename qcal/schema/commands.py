@@ -302,6 +302,24 @@ class CalibListOptions(Options):
     dir: Path | None = None
 
 
+class CalibDiagnoseOptions(Options):
+    device: Device = "auto"
+    set: Source
+    model: Text | None = None
+    nsamples: Count = 128
+    seqlen: SeqLen = 512
+    seed: Seed = 0
+    target: Text = "en"
+    target_windows: Count = 16
+    layers: Text = "0,mid,last"
+    bits: Bits = 4
+    group_size: GroupSizeNumber = 128
+    no_model: Flag = False
+    output: Path | None = None
+    overwrite: Flag = False
+    trust_remote_code: Flag = False
+
+
 class CompareOptions(Options):
     device: Device = "auto"
     config: ExistingFile | None = None
@@ -386,6 +404,7 @@ class ProvisionOptions(Options):
 # `qcal <command> [<subcommand>]` -> its options model.
 COMMAND_SCHEMAS: dict[str, type[Options]] = {
     "quantize": QuantizeOptions, "eval": EvalOptions, "calib build": CalibBuildOptions,
-    "calib show": CalibShowOptions, "calib list": CalibListOptions, "compare": CompareOptions,
+    "calib show": CalibShowOptions, "calib list": CalibListOptions,
+    "calib diagnose": CalibDiagnoseOptions, "compare": CompareOptions,
     "report": ReportOptions, "export": ExportOptions, "provision": ProvisionOptions,
 }

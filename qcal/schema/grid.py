@@ -125,6 +125,7 @@ class GridKeys(Options):
     eval_text_file: Text | None = None
     scheme_overrides: Annotated[list[SchemeOverrideText], Field(max_length=MAX_LIST)] = Field(
         [], description="a list of 'REGEX=bits:B,group:G[,sym:true|false]' (or 'REGEX=skip')")
+    allow_leakage: Bool = False
 
     @field_validator("methods")
     @classmethod
