@@ -179,56 +179,70 @@ def compare_inputs(set_h: torch.Tensor, target_h: torch.Tensor) -> dict[str, flo
             "eigenspace_overlap": float((u_set.T @ u_tgt).pow(2).sum() / r)}
 
 
+def _quantized(weight: torch.Tensor, hessian: torch.Tensor, cfg: Any) -> torch.Tensor:
+    return gptq_quantize(weight, hessian, cfg, with_loss=False).dequantize()
+
+
 def predicted_damage(weight: torch.Tensor, set_h: torch.Tensor, target_h: torch.Tensor,
-                     cfg: Any) -> float:
+                     cfg: Any, with_set: torch.Tensor | None = None) -> float:
     """tr(dW H_t dW^T) with dW from GPTQ on the set's Hessian, over the same with GPTQ on the
-    target's own (pure)."""
-    with_set = gptq_quantize(weight, set_h, cfg, with_loss=False).dequantize()
-    with_target = gptq_quantize(weight, target_h, cfg, with_loss=False).dequantize()
-    own = hessian_loss(weight, with_target, target_h)
+    target's own (pure); `with_set`: the first GPTQ result when the caller has it."""
+    with_set = _quantized(weight, set_h, cfg) if with_set is None else with_set
+    own = hessian_loss(weight, _quantized(weight, target_h, cfg), target_h)
     return hessian_loss(weight, with_set, target_h) / own if own > 0 else float("nan")
 
 
 @torch.no_grad()
-def model_report(model: nn.Module, calib_ids: torch.Tensor, target_ids: torch.Tensor,
+def model_report(model: nn.Module, calib_ids: torch.Tensor, targets: Mapping[str, torch.Tensor],
                  layers: Sequence[int], cfg: Any, weights_dir: Any = None,
                  device: str = "cpu") -> dict[str, Any]:
-    """Per sampled layer and distinct linear input: compare_inputs and predicted_damage of
-    its linears; `cfg` is the GPTQConfig whose scheme the damage is predicted for."""
+    """{target: per sampled layer and linear, compare_inputs and predicted_damage, and their
+    mean damage}, every target in the same pass over the layers (the set's GPTQ result is
+    computed once per linear); `cfg` is the GPTQConfig whose scheme the damage is for."""
     arch = arch_for(model)
     blocks = decoder_layers(model, arch)
     wanted = sorted({i for i in layers if 0 <= i < len(blocks)})
-    streams = {role: capture_layer0_inputs(model, arch, ids, device=device)
-               for role, ids in (("set", calib_ids), ("target", target_ids))}
+    streams = {"": capture_layer0_inputs(model, arch, calib_ids, device=device)}
+    streams.update({name: capture_layer0_inputs(model, arch, ids, device=device)
+                    for name, ids in targets.items()})
     disk = DiskWeights(weights_dir) if weights_dir is not None and is_streamed(model) else None
-    per_layer: dict[str, Any] = {}
+    per_target: dict[str, dict[str, Any]] = {name: {} for name in targets}
     for index in range(wanted[-1] + 1 if wanted else 0):
         if disk is not None:
             disk.load_into(blocks[index], f"{arch.layers_path}.{index}.")
         layer = blocks[index].to(device)
         if index in wanted:
-            per_layer[str(index)] = _layer_report(layer, arch, streams, index, cfg, device)
+            for name, rep in _layer_report(layer, arch, streams, index, cfg, device).items():
+                per_target[name][str(index)] = rep
         for role, inputs in streams.items():
             streams[role] = dataclasses.replace(inputs, hidden=run_layer(
                 layer, inputs.for_layer(index), device, inplace=True))
         if disk is not None:
             free_layer(blocks, index)
-    damages = [v["predicted_damage"] for lay in per_layer.values() for v in lay.values()]
-    return {"layers": per_layer,
-            "predicted_damage": float(torch.tensor(damages).mean()) if damages else float("nan")}
+    out = {}
+    for name, per_layer in per_target.items():
+        damages = [v["predicted_damage"] for lay in per_layer.values() for v in lay.values()]
+        out[name] = {"layers": per_layer, "predicted_damage":
+                     float(torch.tensor(damages).mean()) if damages else float("nan")}
+    return out
 
 
 def _layer_report(layer: nn.Module, arch: Any, streams: dict[str, Any], index: int, cfg: Any,
-                  device: str) -> dict[str, Any]:
-    out = {}
+                  device: str) -> dict[str, dict[str, Any]]:
+    """{target: {linear: statistics}} of one layer; the set is the stream named ""."""
+    out: dict[str, dict[str, Any]] = {role: {} for role in streams if role}
     for step in arch.sequential:
         stats = {role: {n: _Stats() for n in step} for role in streams}
         for role, inputs in streams.items():
             feed_linear_inputs(layer, inputs.for_layer(index), step,
                                lambda name, x, mine=stats[role]: mine[name].add(x), device)
         for name in step:
-            s, t = stats["set"][name].hessian, stats["target"][name].hessian
-            out[name] = {**compare_inputs(s, t),
-                         "predicted_damage": predicted_damage(layer_linear(layer, name).weight,
-                                                              s, t, cfg)}
+            weight = layer_linear(layer, name).weight
+            set_h = stats[""][name].hessian
+            with_set = _quantized(weight, set_h, cfg)
+            for role in out:
+                target_h = stats[role][name].hessian
+                out[role][name] = {**compare_inputs(set_h, target_h),
+                                   "predicted_damage": predicted_damage(weight, set_h, target_h,
+                                                                        cfg, with_set)}
     return out

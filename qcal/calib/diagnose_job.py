@@ -98,9 +98,8 @@ def diagnose_command(args: argparse.Namespace) -> int:
 
         layers = layer_indices(args.layers, len(decoder_layers(net, arch_for(net))))
         data["scheme"] = {"bits": args.bits, "group_size": args.group_size}
-        data["targets"] = {t: model_report(net, calib.input_ids, ids, layers, cfg,
-                                           weights_dir=Path(src), device=device)
-                           for t, ids in targets.items()}
+        data["targets"] = model_report(net, calib.input_ids, targets, layers, cfg,
+                                       weights_dir=Path(src), device=device)
     data["provenance"] = provenance(command=getattr(args, "command_line", None))
     write_results(stem, data, render(data))
     print(f"wrote {stem}.json and {stem}.md")

@@ -318,3 +318,23 @@ def verdict(test: dict[str, Any], better_when_lower: bool = True) -> str:
     a_better = (test["delta"] < 0) == better_when_lower
     holm = " (not after Holm)" if test.get("significant_holm") is False else ""
     return f"{'A' if a_better else 'B'} better ({p_text(test)}){holm}"
+
+
+def rank_correlation(x: Sequence[float], y: Sequence[float], n_boot: int = DEFAULT_BOOTSTRAP,
+                     seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
+    """Spearman's rho of paired values with a percentile bootstrap CI over the pairs
+    (scipy.stats.spearmanr on each resample; resamples without two distinct values of
+    either side are dropped), and scipy's p-value."""
+    from scipy import stats
+
+    a, b = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    rho, p = stats.spearmanr(a, b)
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, len(a), len(a))
+        if len(set(a[idx])) > 1 and len(set(b[idx])) > 1:
+            boots.append(stats.spearmanr(a[idx], b[idx])[0])
+    lo, hi = (np.quantile(boots, [(1 - level) / 2, (1 + level) / 2]) if boots
+              else (math.nan, math.nan))
+    return {"rho": float(rho), "p": float(p), "ci": [float(lo), float(hi)], "n": len(a)}

@@ -89,3 +89,14 @@ def test_a_set_of_other_correlations_predicts_more_damage() -> None:
     assert 1.0 <= same < 1.3 < 2.0 < other
     assert compare_inputs(_mixed(3, 100), target)["eigenspace_overlap"] > \
         compare_inputs(_mixed(3, 200), target)["eigenspace_overlap"]
+
+
+def test_rank_correlation_known_answers() -> None:
+    from qcal.eval.stats import rank_correlation
+
+    same = rank_correlation([1, 2, 3, 4, 5, 6], [10, 20, 30, 40, 50, 60], n_boot=200)
+    assert same["rho"] == pytest.approx(1.0) and same["ci"][0] == pytest.approx(1.0)
+    flipped = rank_correlation([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1], n_boot=200)
+    assert flipped["rho"] == pytest.approx(-1.0) and flipped["n"] == 6
+    noisy = rank_correlation([1, 2, 3, 4, 5, 6, 7, 8], [2, 1, 4, 3, 6, 5, 8, 7], n_boot=500)
+    assert 0.8 < noisy["rho"] < 1 and noisy["ci"][0] < noisy["rho"] <= noisy["ci"][1]
