@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         for key in planned(schemes, variants, seeds):
             if args.render_only or (args.max_cells is not None and new >= args.max_cells):
-                break
+                cells.get(key)  # what is cached joins the tables; nothing new runs
+                continue
             if cells.get(key) is None:
                 new += 1
             cells.run(key, lambda k=key, m=model, w=work: run_cell(m, k, w, args.autoround_iters))
