@@ -101,6 +101,8 @@ def diagnose_command(args: argparse.Namespace) -> int:
         data["targets"] = model_report(net, calib.input_ids, targets, layers, cfg,
                                        weights_dir=Path(src), device=device)
     data["provenance"] = provenance(command=getattr(args, "command_line", None))
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    data["plots"] = plot_layers(data.get("targets", {}), stem)
     write_results(stem, data, render(data))
     print(f"wrote {stem}.json and {stem}.md")
     flagged = data["leakage"]["flagged"]
@@ -108,6 +110,40 @@ def diagnose_command(args: argparse.Namespace) -> int:
         print(f"LEAKAGE: the set contains {len(flagged)} evaluation split(s): "
               f"{', '.join(flagged[:5])}")
     return 0
+
+
+PLOTTED = {"predicted_damage": "predicted damage (1: as calibrating on the target)",
+           "under_excited_top_channels": "target's top-1% channels the set under-excites",
+           "eigenspace_overlap": "top-16 Hessian eigenspace overlap"}
+
+
+def plot_layers(targets: dict[str, Any], stem: Path) -> list[str]:
+    """One PNG per statistic: its mean over a layer's linears, by sampled layer, one line
+    per target; returns the file names (beside STEM.md)."""
+    if not targets:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    for key, label in PLOTTED.items():
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for target, rep in targets.items():
+            layers = sorted(rep["layers"], key=int)
+            ax.plot([int(x) for x in layers],
+                    [sum(v[key] for v in rep["layers"][x].values()) / len(rep["layers"][x])
+                     for x in layers], marker="o", label=target)
+        ax.set_xlabel("decoder layer")
+        ax.set_title(label, fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = stem.with_name(f"{stem.name}_{key}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        names.append(path.name)
+    return names
 
 
 def render(data: dict[str, Any]) -> str:
@@ -152,5 +188,6 @@ def render(data: dict[str, Any]) -> str:
                                    v["under_excited_top_channels"], v["eigenspace_overlap"]]
                                   for layer, per in rep["layers"].items()
                                   for name, v in per.items()]), ""]
-    lines += [provenance_markdown(data["provenance"])]
+    lines += [f"![{name}]({name})" for name in data.get("plots", [])]
+    lines += ["", provenance_markdown(data["provenance"])]
     return "\n".join(lines)

@@ -42,6 +42,8 @@ def test_diagnose_reports_text_model_and_no_leakage(tiny_model_dir: Path, tmp_pa
             assert math.isfinite(stats["predicted_damage"]) and stats["predicted_damage"] > 0
             assert 0 <= stats["eigenspace_overlap"] <= 1 + 1e-9
     assert "Predicted damage" in stem.with_suffix(".md").read_text()
+    assert len(data["plots"]) == 3
+    assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in data["plots"])
 
 
 def test_a_set_from_the_evaluation_split_is_flagged(tiny_model_dir: Path, tmp_path: Path,
