@@ -35,7 +35,8 @@ SUITE = ("tests/integration/test_bad_input_safety.py",
          "tests/integration/test_bad_input_config.py",
          "tests/integration/test_bad_input_data.py",
          "tests/integration/test_bad_input_options.py",
-         "tests/integration/test_signals.py")
+         "tests/integration/test_signals.py",
+         "tests/integration/test_bad_input_methods.py")
 # Cases of the earlier suites carry no pattern of their own: grouped by their file.
 MODULE_PATTERN = {
     "test_bad_input_safety": "0a. Never lose a user's file; names are plain; no code runs",
