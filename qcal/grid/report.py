@@ -223,6 +223,15 @@ def render_report(results_root: Path, title: str | None = None) -> dict[str, Any
                   markdown_table(["cell", "task", *keys],
                                  [[r["cell"], r["task"], *[r.get(k, "-") for k in keys]]
                                   for r in rows], ".4f")]
+    if langs and len({(r.get("axes") or {}).get("nsamples") for r in cells.values()} - {None}) > 1:
+        from qcal.grid.sample_size import curves, plot, reading
+
+        sizes = curves(cells, table, langs[0], spec["seqlen"])
+        if sizes:
+            plots.append(plot(sizes, langs[0], results_root / "sample_size.png"))
+            parts += [f"## Sample size ({langs[0]} perplexity against calibration tokens, mean "
+                      "and 95% t-interval over seeds)",
+                      *[f"- {name}: {reading(points)}" for name, points in sizes.items()]]
     from qcal.grid.evidence import evidence_markdown
 
     evidence_parts, evidence = evidence_markdown(cells, spec["selectors"][0])
