@@ -218,6 +218,10 @@ def resolve_calib(spec: str, tokenizer: Any, nsamples: int, seqlen: int, seed: i
         return calib
     from qcal.data import resolve_source
 
+    if selector.partition(":")[0] == "self":  # written by the model, not drawn from `spec`
+        from qcal.calib.self_gen import self_calib_set
+
+        return self_calib_set(tokenizer, nsamples, seqlen, seed, selector, model)
     if model is not None and (selector.startswith("perplexity") or selector.startswith("ppl")):
         options = {**options, "model": model}
     sel = parse_selector(selector, **options)

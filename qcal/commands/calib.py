@@ -17,7 +17,9 @@ def add_parser(sub: Any) -> None:
     b = csub.add_parser("build", help="select a calibration set and save it with its manifest")
     b.add_argument("--selector", default="random",
                    help="random, zipf[:invfreq], perplexity[:low|high|middle], multilingual, "
-                        "ml:<lang>, mix:uniform, mix:en=0.5,de=0.5, mix:<named mix>")
+                        "ml:<lang>, mix:uniform, mix:en=0.5,de=0.5, mix:<named mix>, or "
+                        "self[:temperature=T,top_p=P,langs=en+de,prompts=FILE,batch=B] "
+                        "(text the model writes itself)")
     b.add_argument("--source", default="debian-handbook",
                    help="packaged corpus name, .txt/.jsonl/.parquet file, dataset folder "
                         "(save_to_disk or data files), or hf:<dataset> (see qcal.data)")
@@ -146,6 +148,8 @@ def run_build(args: argparse.Namespace) -> int:
     from qcal.fsio import check_output, check_writable
     from qcal.model.loading import load_tokenizer, resolve_model_dir
 
+    if args.selector.partition(":")[0] == "self":
+        return _build_self(args)
     selector, options, langs = selector_options(args)
     sel = parse_selector(selector, **options)
     langs = source_languages(args.source, sel, langs)
@@ -210,6 +214,28 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"{r['name']}: {r['selector']} {json.dumps(r['params'])} n={r['nsamples']} "
               f"seqlen={r['seqlen']} seed={r['seed']} source={r['source']} langs={langs} "
               f"types={r['types']} digest={r['digest']}")
+    return 0
+
+
+def _build_self(args: argparse.Namespace) -> int:
+    """`qcal calib build --selector self[:...]`: windows the model writes (no --source)."""
+    from qcal.calib import calib_sets_dir
+    from qcal.calib.io import CALIB_SET_KIND, save_calib_set
+    from qcal.calib.self_gen import self_calib_set
+    from qcal.fsio import check_output, check_writable
+    from qcal.model.loading import load_tokenizer, resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model, args.trust_remote_code)
+    name = args.selector.replace(":", "-").replace(",", "_").replace("=", "").replace("/", "-")
+    out = args.output or (calib_sets_dir()
+                          / f"{name}-{model_dir.name}-n{args.n}-s{args.seqlen}-seed{args.seed}")
+    check_output(out, CALIB_SET_KIND, overwrite=args.overwrite, protected=(model_dir,))
+    check_writable(out, args.n * args.seqlen * 8)
+    tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
+    calib = self_calib_set(tokenizer, args.n, args.seqlen, args.seed, args.selector)
+    save_calib_set(calib, out)
+    print(f"saved {calib.nsamples} self-generated windows to {out} "
+          f"({calib.manifest['selection']['generation_seconds']} s)")
     return 0
 
 

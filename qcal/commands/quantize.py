@@ -52,7 +52,8 @@ def add_parser(sub: Any) -> None:
                         "dataset folder (save_to_disk or data files) or hf:<name>")
     add_text_options(p)
     p.add_argument("--selector", default=None,
-                   help="selector when --calib is a source (default random); GPTQ/AWQ only")
+                   help="selector when --calib is a source (default random); self[:...] has the "
+                        "model write its own calibration text; calibrated methods only")
     p.add_argument("--nsamples", type=int, default=128, help="calibration windows (>= 1)")
     p.add_argument("--seqlen", type=int, default=512,
                    help="tokens per calibration (and --eval) window (>= 2)")

@@ -134,6 +134,14 @@ def check_selector(spec: str) -> str:
             lang = part.partition("=")[0].strip()
             if lang:
                 _plain(lang, "language")
+    if head == "self":  # its generation settings, before any model loads
+        from qcal.calib.self_gen import parse_self
+        from qcal.errors import ConfigError
+
+        try:
+            parse_self(spec.strip())
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
     return spec
 
 
