@@ -40,6 +40,8 @@ class GridSpec:
     allow_ragged_groups: bool = False  # a group size that does not divide: smaller last group
     sym: bool | tuple[bool, ...] = False
     desc_act: bool | tuple[bool, ...] = False  # GPTQ act-order; ignored by the other methods
+    # --rotate of every quantized cell ("hadamard:0"); None: no rotation. A list is an axis.
+    rotate: str | None | tuple[str | None, ...] = None
     # Further config fields per method, e.g. {"gptq": {"damp_percent": 0.02}}: every field
     # of the method's config can be set, and an unknown one is an error.
     method_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
@@ -165,9 +167,13 @@ class GridSpec:
         from qcal.config import ModuleSelection, parse_scheme_override
 
         modules = ModuleSelection(schemes=tuple(map(parse_scheme_override, self.scheme_overrides)))
+        from qcal.run_config import Rotation
+
+        rotate = self.setting(cell, "rotate")
         return QuantRecipe(method=self.method_config(cell.method, cell), calib=calib,
                            model=self.setting(cell, "model"), output=str(output), device=device,
-                           format="gptq", modules=modules)
+                           format="gptq", modules=modules,
+                           rotation=Rotation.parse(rotate) if rotate else None)
 
     def float_cell(self, cell: Cell) -> Cell:
         """The float reference that `cell` is compared with (same model)."""
@@ -247,9 +253,9 @@ def safe_name(text: str) -> str:
 
 
 # Axes beyond selector x method, in key order, and the cells they apply to.
-AXES = ("model", "seed", "nsamples", "bits", "group_size", "sym", "desc_act")
+AXES = ("model", "seed", "nsamples", "bits", "group_size", "sym", "desc_act", "rotate")
 FLOAT_AXES = ("model",)
-NO_CALIB_AXES = ("model", "bits", "group_size", "sym")
+NO_CALIB_AXES = ("model", "bits", "group_size", "sym", "rotate")
 # Axes that are a method config's own field (act-order): they apply to the methods whose
 # config has that field (GPTQ), found in the registry.
 METHOD_FIELD_AXES = ("desc_act",)
@@ -267,6 +273,8 @@ def axis_applies(axis: str, method: str | None) -> bool:
 def axis_label(axis: str, value: Any) -> str:
     if axis == "model":
         return "m-" + safe_name(Path(str(value)).name if value else "default")
+    if axis == "rotate":
+        return "rot-" + safe_name(str(value)) if value else "norot"
     if axis in ("sym", "desc_act"):
         return {"sym": ("asym", "sym"), "desc_act": ("noact", "act")}[axis][bool(value)]
     return {"seed": "s", "nsamples": "n", "bits": "w", "group_size": "g"}[axis] + str(value)

@@ -23,6 +23,7 @@ from qcal.schema.fields import (
     MAX_LIST,
     Options,
     PlainName,
+    RotationText,
     SchemeOverrideText,
     Selector,
     Source,
@@ -98,6 +99,8 @@ class GridKeys(Options):
     allow_ragged_groups: Bool = False
     sym: _axis(Bool) = Field(False, description="true or false (not a string), or a list")
     desc_act: _axis(Bool) = Field(False, description="true or false (not a string), or a list")
+    rotate: _axis(RotationText | None) = Field(
+        None, description="null (no rotation), hadamard or hadamard:SEED, or a list of them")
     method_options: Annotated[dict[Text, dict[Text, Any]], AfterValidator(_few_keys)] = Field(
         {}, description="must map a method to its options, e.g. {gptq: {damp_percent: 0.02}}")
     selector_options: Annotated[dict[Text, dict[Text, Any]], AfterValidator(_few_keys)] = Field(

@@ -124,3 +124,19 @@ def test_calibrated_methods_run_on_the_rotated_model(method: str, tiny_model_dir
     with torch.no_grad():
         got, want = load_checkpoint(out)(PROBE).logits, float_net(PROBE).logits
     assert float((got - want).norm() / want.norm()) < 0.02
+
+
+def test_a_grid_takes_rotation_as_an_axis(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from grid_cases import spec_for, write_grid_texts
+
+    from qcal.grid import GridRunner, plan_cells
+
+    texts = write_grid_texts(tmp_path)
+    spec = spec_for(tiny_model_dir, texts, methods=("rtn",), selectors=("random",),
+                    rotate=[None, "hadamard:1"])
+    keys = sorted(c.key for c in plan_cells(spec))
+    assert keys == ["float", "none__rtn__norot", "none__rtn__rot-hadamard-1"]
+    cells = GridRunner(spec, tmp_path / "res", tmp_path / "work", progress=False).run()
+    rotated = cells["none__rtn__rot-hadamard-1"]
+    assert rotated["recipe_key"] != cells["none__rtn__norot"]["recipe_key"]
+    assert spec.recipe(plan_cells(spec)[2], tmp_path / "o").rotation == Rotation(seed=1)
