@@ -11,45 +11,30 @@ from pathlib import Path
 
 import pytest
 import torch
+from method_cases import PROMPTS, assert_same_codes, state, token_ids
 
 from qcal.cli import main
 from qcal.config import QuantScheme
 from qcal.methods import METHODS, RunOptions
 from qcal.methods import autoround as autoround_module
 from qcal.methods.autoround import AutoRoundConfig, run_autoround
-from qcal.model.loading import load_model, load_tokenizer
+from qcal.model.loading import load_model
 from qcal.model.tiny import build_tiny_family, stdlib_text
-from qcal.packing.checkpoint import quant_modules
 from qcal.packing.checkpoint_load import load_checkpoint
-from qcal.packing.formats import codes_of
 
 pytestmark = pytest.mark.integration
 
 CFG = AutoRoundConfig(QuantScheme(4, 32), iters=6, batch_size=4)
 QUIET = RunOptions(progress=False, log=lambda _: None)
-PROMPTS = torch.tensor([[5, 17, 99, 240, 3, 77, 12, 8, 150, 42, 9, 300]])
 
 
 def _ids(model_dir: Path, rows: int = 8, seqlen: int = 40) -> torch.Tensor:
-    tok = load_tokenizer(model_dir)
-    ids = tok("\n\n".join(stdlib_text()), return_tensors="pt")["input_ids"][0]
-    return ids[: rows * seqlen].view(rows, seqlen)
+    return token_ids(model_dir, rows, seqlen)
 
 
 @pytest.fixture(scope="module")
 def calib(tiny_model_dir: Path) -> torch.Tensor:
     return _ids(tiny_model_dir)
-
-
-def _state(net: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in net.state_dict().items()}
-
-
-def _same_codes(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    qa, qb = quant_modules(a), quant_modules(b)
-    assert qa.keys() == qb.keys() and len(qa) > 0
-    for name in qa:
-        assert torch.equal(codes_of(qa[name]).codes, codes_of(qb[name]).codes), name
 
 
 @pytest.mark.parametrize("fmt", ["compressed-tensors", "gptq", "gptq_v2", "awq"])
@@ -62,7 +47,7 @@ def test_every_format_loads_back_with_the_in_memory_logits(tiny_model_dir: Path,
     ref, _, _ = load_model(tiny_model_dir)
     METHODS.get("autoround").run(ref, CFG, calib, QUIET)
     back = load_checkpoint(out)
-    _same_codes(ref, back)
+    assert_same_codes(ref, back)
     with torch.no_grad():
         torch.testing.assert_close(back(PROMPTS).logits, ref(PROMPTS).logits)
 
@@ -82,7 +67,7 @@ def test_cli_and_api_take_the_one_route(tiny_model_dir: Path, tmp_path: Path) ->
     assert log["recipe"]["method"]["iters"] == 4 and log["recipe"]["method"]["batch_size"] == 2
     qcal.quantize(str(tiny_model_dir), method="autoround", scheme={"bits": 4, "group_size": 32},
                   output=api, calib=str(text), nsamples=4, seqlen=32, iters=4, batch_size=2)
-    _same_codes(load_checkpoint(out), load_checkpoint(api))
+    assert_same_codes(load_checkpoint(out), load_checkpoint(api))
 
 
 def test_nproc_is_refused_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path,
@@ -118,7 +103,7 @@ def test_resume_continues_after_interruption(tiny_model_dir: Path, calib: torch.
     resumed, _, _ = load_model(tiny_model_dir)
     losses = run_autoround(resumed, CFG, calib, dataclasses.replace(opts, resume=True))
     assert losses == pytest.approx(ref_losses)
-    a, b = _state(resumed), _state(reference)
+    a, b = state(resumed), state(reference)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from method_cases import PROMPTS, equal_states, state, token_ids
 
 from qcal.cli import main
 from qcal.config import GPTQConfig, QuantScheme
@@ -20,7 +21,7 @@ from qcal.methods.gptaq import GPTAQConfig, run_gptaq
 from qcal.methods.gptq_runner import run_gptq
 from qcal.model.arch import decoder_layers
 from qcal.model.capture import LayerInputs
-from qcal.model.loading import load_model, load_tokenizer
+from qcal.model.loading import load_model
 from qcal.model.resolve import arch_for
 from qcal.model.sequential import sequential_quantize
 from qcal.model.tiny import build_tiny_family, stdlib_text
@@ -32,26 +33,15 @@ pytestmark = pytest.mark.integration
 
 CFG = GPTAQConfig(QuantScheme(3, 32), desc_act=True)
 QUIET = RunOptions(progress=False, log=lambda _: None)
-PROMPTS = torch.tensor([[5, 17, 99, 240, 3, 77, 12, 8, 150, 42, 9, 300]])
 
 
 def _ids(model_dir: Path, rows: int = 8, seqlen: int = 48) -> torch.Tensor:
-    tok = load_tokenizer(model_dir)
-    ids = tok("\n\n".join(stdlib_text()), return_tensors="pt")["input_ids"][0]
-    return ids[: rows * seqlen].view(rows, seqlen)
+    return token_ids(model_dir, rows, seqlen)
 
 
 @pytest.fixture(scope="module")
 def calib(tiny_model_dir: Path) -> torch.Tensor:
     return _ids(tiny_model_dir)
-
-
-def _state(net: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in net.state_dict().items()}
-
-
-def _equal_states(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_the_reference_stream_is_the_float_model(tiny_model_dir: Path,
@@ -81,7 +71,7 @@ def test_alpha_zero_is_gptq_bit_for_bit(tiny_model_dir: Path, calib: torch.Tenso
     gptq_losses = run_gptq(gptq, GPTQConfig(CFG.scheme, desc_act=True), calib, QUIET)
     zero, _, _ = load_model(tiny_model_dir)
     zero_losses = run_gptaq(zero, dataclasses.replace(CFG, alpha=0.0), calib, QUIET)
-    assert zero_losses == gptq_losses and _equal_states(_state(zero), _state(gptq))
+    assert zero_losses == gptq_losses and equal_states(state(zero), state(gptq))
     # With the correction on, the first step of layer 0 still sees equal streams (both
     # models feed layer 0 the same embeddings), so only later linears move.
     full, _, _ = load_model(tiny_model_dir)
@@ -173,7 +163,7 @@ def test_resume_continues_after_interruption(tiny_model_dir: Path, calib: torch.
     resumed, _, _ = load_model(tiny_model_dir)
     losses = run_gptaq(resumed, CFG, calib, dataclasses.replace(opts, resume=True))
     assert losses == pytest.approx(ref_losses)
-    assert _equal_states(_state(resumed), _state(reference))
+    assert equal_states(state(resumed), state(reference))
 
 
 def test_a_second_family_runs_and_stays_near_gptq(tmp_path: Path) -> None:
@@ -183,7 +173,7 @@ def test_a_second_family_runs_and_stays_near_gptq(tmp_path: Path) -> None:
     gptq_losses = run_gptq(gptq, GPTQConfig(CFG.scheme, desc_act=True), ids, QUIET)
     zero, _, _ = load_model(model_dir)
     run_gptaq(zero, dataclasses.replace(CFG, alpha=0.0), ids, QUIET)
-    assert _equal_states(_state(zero), _state(gptq))
+    assert equal_states(state(zero), state(gptq))
     net, _, _ = load_model(model_dir)
     losses = run_gptaq(net, CFG, ids, QUIET)
     assert losses.keys() == gptq_losses.keys()
