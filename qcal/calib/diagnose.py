@@ -48,7 +48,8 @@ TOP_CHANNELS = 0.01
 UNDER_EXCITED = 0.5
 
 
-def _texts(calib: CalibSet, tokenizer: Any) -> list[str]:
+def decoded(calib: CalibSet, tokenizer: Any) -> list[str]:
+    """The set's windows as text (special tokens dropped)."""
     return [tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in calib.input_ids]
 
 
@@ -75,13 +76,15 @@ def near_duplicates(texts: Sequence[str], threshold: float = NEAR_DUPLICATE) -> 
     return [list(p) for p in sorted(pairs)]
 
 
-def text_report(calib: CalibSet, tokenizer: Any) -> dict[str, Any]:
+def text_report(calib: CalibSet, tokenizer: Any, texts: Sequence[str] | None = None
+                ) -> dict[str, Any]:
+    """`texts`: the windows decoded (decoded here when not given)."""
     samples = calib.manifest.get("samples") or []
     langs = Counter(s.get("lang") or "?" for s in samples)
     docs = Counter(d for s in samples for d in s.get("documents", []))
     rows = [hashlib.sha256(r.numpy().tobytes()).hexdigest() for r in calib.input_ids]
     exact = sum(n - 1 for n in Counter(rows).values() if n > 1)
-    texts = _texts(calib, tokenizer)
+    texts = decoded(calib, tokenizer) if texts is None else texts
     template = getattr(tokenizer, "chat_template", None)
     # The template's own markers (<|im_start|>...), not the document separators every
     # packed window holds (EOS, BOS, padding).
@@ -143,25 +146,23 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def leakage_report(calib: CalibSet, tokenizer: Any,
-                   splits: Mapping[str, Sequence[str]]) -> dict[str, Any]:
-    per_split = overlap(_texts(calib, tokenizer), splits)
+def leakage_report(calib: CalibSet, tokenizer: Any, splits: Mapping[str, Sequence[str]],
+                   texts: Sequence[str] | None = None) -> dict[str, Any]:
+    """`texts`: the windows decoded (decoded here when not given)."""
+    per_split = overlap(decoded(calib, tokenizer) if texts is None else texts, splits)
     return {"splits": per_split, "flagged": sorted(k for k, v in per_split.items() if v["flagged"])}
 
 
 @dataclasses.dataclass
 class _Stats:
-    """Running E[x x^T] of one linear input (H / 2), and per-channel absmax."""
+    """Running H = 2 E[x x^T] of one linear input (its diagonal is the channels' energy)."""
 
     hessian: torch.Tensor | None = None
     count: int = 0
-    absmax: torch.Tensor | None = None
 
     def add(self, x: torch.Tensor) -> None:
-        flat = x.reshape(-1, x.shape[-1]).float()
-        self.hessian, self.count = accumulate_hessian(flat, self.hessian, self.count)
-        peak = flat.abs().amax(0)
-        self.absmax = peak if self.absmax is None else torch.maximum(self.absmax, peak)
+        self.hessian, self.count = accumulate_hessian(x.reshape(-1, x.shape[-1]).float(),
+                                                      self.hessian, self.count)
 
 
 def compare_inputs(set_h: torch.Tensor, target_h: torch.Tensor) -> dict[str, float]:

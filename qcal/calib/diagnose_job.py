@@ -11,7 +11,13 @@ from typing import Any
 
 import torch
 
-from qcal.calib.diagnose import evaluation_splits, leakage_report, model_report, text_report
+from qcal.calib.diagnose import (
+    decoded,
+    evaluation_splits,
+    leakage_report,
+    model_report,
+    text_report,
+)
 from qcal.errors import ConfigError
 from qcal.results import markdown_table, provenance, provenance_markdown, write_results
 
@@ -85,10 +91,12 @@ def diagnose_command(args: argparse.Namespace) -> int:
     cfg = GPTQConfig(QuantScheme(args.bits, args.group_size, allow_ragged=True))
     targets = {} if args.no_model else _target_windows(
         args.target, tokenizer, args.target_windows, calib.seqlen, args.seed)
+    texts = decoded(calib, tokenizer)  # once, for the text and the leakage reports
     data: dict[str, Any] = {"kind": "qcal-calib-diagnose", "set": str(args.set),
                             "digest": calib.digest, "model": str(model_dir),
-                            "text": text_report(calib, tokenizer),
-                            "leakage": leakage_report(calib, tokenizer, evaluation_splits())}
+                            "text": text_report(calib, tokenizer, texts),
+                            "leakage": leakage_report(calib, tokenizer, evaluation_splits(),
+                                                      texts)}
     if targets:
         device = resolve_device(args.device)
         net, _, src = load_model(model_dir, trust_remote_code=args.trust_remote_code,

@@ -65,23 +65,19 @@ def localization(kl: torch.Tensor, targets: torch.Tensor, positions: torch.Tenso
     total = float(kl.sum())
     n = kl.numel()
     worst = max(1, math.ceil(n * WORST_SHARE))
-    by_token: dict[int, list[float]] = {}
     sums = torch.zeros(int(targets.max()) + 1 if n else 1, dtype=torch.float64)
     counts = torch.zeros_like(sums)
     sums.index_add_(0, targets.long(), kl)
     counts.index_add_(0, targets.long(), torch.ones_like(kl))
-    order = torch.argsort(sums, descending=True)[:top]
-    for token in order.tolist():
-        if counts[token] > 0:
-            by_token[token] = [float(sums[token]), int(counts[token])]
+    order = [t for t in torch.argsort(sums, descending=True)[:top].tolist() if counts[t] > 0]
     bins = (positions.double() * POSITION_BINS).long().clamp_(0, POSITION_BINS - 1)
     per_bin = torch.zeros(POSITION_BINS, dtype=torch.float64).index_add_(0, bins, kl)
     return {
         "worst_1pct_share": float(torch.topk(kl, worst).values.sum() / total) if total > 0
         else math.nan,
-        "top_tokens": [{"token_id": t, "kl_sum": v[0], "count": v[1],
-                        "kl_share": v[0] / total if total > 0 else math.nan}
-                       for t, v in by_token.items()],
+        "top_tokens": [{"token_id": t, "kl_sum": float(sums[t]), "count": int(counts[t]),
+                        "kl_share": float(sums[t]) / total if total > 0 else math.nan}
+                       for t in order],
         "kl_share_by_position_decile": [float(v / total) if total > 0 else math.nan
                                         for v in per_bin],
     }

@@ -271,9 +271,12 @@ class GridRunner:
             splits = {"eval text file": [read_user_text(Path(self.spec.eval_text_file))]}
         else:
             splits = evaluation_splits(self.spec.eval_langs, tasks=self.spec.tasks)
+        tokenizers: dict[Any, Any] = {}  # one per model, not per cell
         for cell in calibrated:
-            tokenizer = load_tokenizer(resolve_model_dir(self.spec.setting(cell, "model")))
-            report = leakage_report(self.prepare_calibration(cell), tokenizer, splits)
+            model = self.spec.setting(cell, "model")
+            if model not in tokenizers:
+                tokenizers[model] = load_tokenizer(resolve_model_dir(model))
+            report = leakage_report(self.prepare_calibration(cell), tokenizers[model], splits)
             if report["flagged"]:
                 split = report["flagged"][0]
                 share = report["splits"][split]["set_share"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Annotated, Any
+from typing import Annotated
 
 import torch
 from pydantic import Field
@@ -97,10 +97,6 @@ def run_gptaq(model: nn.Module, cfg: GPTAQConfig, calib: torch.Tensor | None,
                               reference_stream=True)
 
 
-def option_rules(options: Any) -> None:
-    gptq_option_rules(options)
-
-
 FLAGS = (
     *GPTQ_FLAGS,
     MethodFlag("gptaq_alpha", "alpha", "GPTAQ: weight of the asymmetry correction (0: GPTQ)",
@@ -109,5 +105,6 @@ FLAGS = (
                                              examples=[0.25])]),
 )
 
+# GPTQ's rules between its flags and the format hold for GPTAQ as they are.
 METHOD = QuantMethod("gptaq", GPTAQConfig, True, run_gptaq, checkpoint_fields, FLAGS,
-                     option_rules)
+                     gptq_option_rules)
